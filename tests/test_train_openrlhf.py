@@ -11,7 +11,10 @@ from ragteam.io import load_jsonl
 from ragteam.train.grpo import GRPOParams, answer_reward_func
 from ragteam.train.openrlhf import (
     OpenRLHFCluster,
+    decode_query_label,
+    openrlhf_query_rewards,
     prepare_answer_grpo_job,
+    prepare_query_grpo_job,
     prepare_sft_job,
     response_from_query,
     submit,
@@ -200,3 +203,181 @@ def test_response_from_query_strips_the_prompt_and_special_tokens():
     # decode(prompt_ids) differing from the prompt text (e.g. a BOS the template does not print): cut after the
     # prompt's last line instead
     assert response_from_query("<s>" + prompt + "Paris<|im_end|>", prompt, specials) == "Paris"
+
+
+# ---- the query agent: R_q = ΔF1 (MAPS Eq. 7) ---------------------------------------------------------------------
+
+PASSAGES = [("France", "Paris is the capital of France."), ("Lyon", "Lyon is a large city in France."),
+            ("Berlin", "Berlin is the capital of Germany.")]
+QUESTION = "What is the capital of France?"
+QUERY_CONFIG = dict(answer_model="/models/answer_agent", retriever="/indexes/wiki", top_k=1, passage_words=None,
+                    max_chunks=20)
+
+
+def _scripted_answer(role, messages):
+    # the frozen answer agent: a distractor passage wins, else the gold passage, else a passage-specific wrong answer
+    assert role == "answer_agent"
+    text = messages[0]["content"]
+    for needle, answer in (("Germany", "Berlin"), ("Paris is the capital", "Paris"), ("Lyon is", "Lyon")):
+        if needle in text:
+            return answer
+    return "unknown"
+
+
+def _query_rows():
+    from helpers_agents import KeywordRetriever
+
+    from ragteam.agents.core import QueryPool
+
+    retriever = KeywordRetriever(PASSAGES)
+    rows = []
+    for rid, first in (("lyon_pool", "Lyon city"), ("paris_pool", "capital France Paris")):
+        pool = QueryPool()
+        pool.add(first, retriever.search(first, 1))
+        rows.append({"id": rid, "question": QUESTION, "golden_answers": ["Paris"], "pool": pool.to_dict()})
+    return rows
+
+
+def _answer_pairs():
+    from helpers_agents import KeywordRetriever, ScriptedEngine
+
+    from ragteam.llm import Team
+    from ragteam.train.maps import AnswerPairs
+
+    return AnswerPairs(Team(ScriptedEngine(_scripted_answer)), KeywordRetriever(PASSAGES), top_k=1,
+                       passage_words=None, max_chunks=20)
+
+
+# sampled queries per T2 row, and the ΔF1 each must get
+QUERY_RESPONSES = {
+    "lyon_pool": [("capital France Paris", 1.0),            # retrieves the gold passage: Lyon -> Paris
+                  ("New Query: Paris capital France", 1.0),  # the same after the MAPS query parser
+                  ("Lyon city", 0.0),                       # its passage is already in the pool: no new chunk
+                  ("", 0.0),                                # malformed: retrieves nothing
+                  ("Germany Berlin", 0.0)],                 # Lyon -> Berlin, both wrong
+    "paris_pool": [("Germany Berlin", -1.0),                # a distractor turns Paris into Berlin
+                   ("capital France Paris", 0.0)],
+}
+
+
+@pytest.fixture
+def scripted_answer_pairs(monkeypatch):
+    """build_answer_pairs replaced by a ScriptedEngine team + KeywordRetriever; records the configs it got."""
+    from ragteam.train import openrlhf
+
+    built = []
+
+    def fake(config):
+        built.append(config)
+        return _answer_pairs()
+
+    monkeypatch.setattr(openrlhf, "build_answer_pairs", fake)
+    monkeypatch.setattr(openrlhf, "_ANSWER_PAIRS", {})
+    return built
+
+
+@pytest.mark.slow
+def test_generated_query_reward_file_matches_the_trl_reward(smollm2_dir, scripted_answer_pairs, tmp_path):
+    import torch
+    from transformers import AutoTokenizer
+
+    from ragteam.train.maps import query_reward_func, query_samples
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    samples = query_samples(_query_rows(), passage_words=None)
+    job = prepare_query_grpo_job(samples, tmp_path / "job", model_path="/m", output_dir="/out", params=PAPER,
+                                 **QUERY_CONFIG, special_tokens=tok.all_special_tokens,
+                                 cluster=CLUSTER.model_copy(update={"project_dir": str(REPO)}))
+    text = job.reward_file.read_text()
+    assert "'answer_model': '/models/answer_agent'" in text and "'retriever': '/indexes/wiki'" in text
+    assert "'engine_backend': 'vllm'" in text and "Eq. 7" in text
+    reward_func = _load_reward_module(job.reward_file).reward_func
+
+    trl_reward = query_reward_func(_answer_pairs())  # the TRL path, its own answer agent and cache
+    scored = []
+    for row in load_jsonl(job.dataset):
+        label = json.loads(row["label"])
+        assert label["question"] == QUESTION and label["golden_answers"] == ["Paris"] and label["pool"]["queries"]
+        prompt_ids = tok.apply_chat_template(row["input"], add_generation_prompt=True, return_dict=True)["input_ids"]
+        prompt = tok.apply_chat_template(row["input"], add_generation_prompt=True, tokenize=False)
+        for text, want in QUERY_RESPONSES[row["id"]]:
+            resp = tok(text, add_special_tokens=False)["input_ids"] + [eot]
+            # OpenRLHF: one sample per call, prompt + response decoded together with special tokens
+            out = reward_func([tok.decode(prompt_ids + resp, skip_special_tokens=False)], [prompt], [row["label"]])
+            assert set(out) == {"rewards", "scores", "extra_logs"}
+            assert isinstance(out["rewards"], torch.Tensor) and out["rewards"].shape == (1,)
+            # TRL: conversational completion without special tokens, golden answers and meta from the columns
+            sample = next(s for s in samples if s.id == row["id"])
+            completion = [{"role": "assistant", "content": tok.decode(resp, skip_special_tokens=True)}]
+            expected = trl_reward(completions=[completion], golden_answers=[sample.golden_answers],
+                                  meta=[json.dumps(sample.meta)])[0]
+            assert out["rewards"].item() == pytest.approx(expected, abs=1e-6) == want, (row["id"], text)
+            assert out["extra_logs"]["delta_f1_zero"].item() == float(want == 0)
+            scored.append(want)
+    assert max(scored) == 1.0 and min(scored) == -1.0 and 0.0 in scored
+    # the answer agent and retriever were built once, from the config written into the reward file
+    assert len(scored) == 7 and len(scripted_answer_pairs) == 1
+    assert scripted_answer_pairs[0]["answer_model"] == "/models/answer_agent"
+    assert scripted_answer_pairs[0]["top_k"] == 1
+
+
+def test_query_rewards_use_the_cached_answer_pairs(scripted_answer_pairs):
+    from ragteam.train.maps import query_samples
+
+    samples = query_samples(_query_rows(), passage_words=None)
+    labels = [json.dumps({"golden_answers": s.golden_answers, **s.meta}) for s in samples]
+    config = {"engine_backend": "vllm", **QUERY_CONFIG}
+    rewards, zero = openrlhf_query_rewards(["P capital France Paris<|im_end|>", "P Germany Berlin"], ["P ", "P "],
+                                           labels, config=config, special_tokens=["<|im_end|>"])
+    assert rewards == [1.0, -1.0] and zero == [0.0, 0.0]
+    rewards, zero = openrlhf_query_rewards(["P Lyon city"], ["P "], labels[:1], config=config, special_tokens=[])
+    assert rewards == [0.0] and zero == [1.0]
+    assert len(scripted_answer_pairs) == 1  # same config: the same AnswerPairs (and its answer cache)
+
+
+@pytest.mark.parametrize("label,match", [
+    ("not json", "not JSON"),
+    (json.dumps(["Paris"]), "JSON object"),
+    (json.dumps({"golden_answers": ["Paris"], "question": QUESTION}), "lacks pool"),
+    (json.dumps({"golden_answers": [], "question": QUESTION, "pool": {"queries": [], "docs": []}}),
+     "golden_answers"),
+    (json.dumps({"golden_answers": ["Paris"], "question": QUESTION, "pool": {"queries": ["q"]}}),
+     "pool is not a valid query pool"),
+])
+def test_malformed_query_label_fails_with_a_clear_message(label, match, scripted_answer_pairs):
+    with pytest.raises(ValueError, match=match):
+        decode_query_label(label)
+    with pytest.raises(ValueError, match="query-agent label"):
+        openrlhf_query_rewards(["P q"], ["P "], [label], config={"engine_backend": "vllm", **QUERY_CONFIG},
+                               special_tokens=[])
+    assert not scripted_answer_pairs  # failed before loading anything
+
+
+def test_query_job_without_pool_in_meta_fails(tmp_path):
+    with pytest.raises(ValueError, match=r"query sample 0 \(id='q1'\).*question / pool"):
+        prepare_query_grpo_job(SAMPLES, tmp_path / "j", model_path="/m", output_dir="/o", params=PAPER,
+                               **QUERY_CONFIG, special_tokens=[], cluster=CLUSTER)
+
+
+def test_query_job_command_has_the_paper_query_grpo_values(tmp_path):
+    from ragteam.train.maps import query_samples
+
+    params = GRPOParams(steps=100, prompts_per_step=32, num_generations=16, micro_batch_size=4, lr=1e-6,
+                        kl_beta=1e-4, max_completion_length=24, save_steps=50)
+    job = prepare_query_grpo_job(query_samples(_query_rows(), passage_words=50) * 20, tmp_path / "job",
+                                 model_path="/models/llama-3.1-8b-instruct", output_dir="/models/query_agent",
+                                 params=params, **QUERY_CONFIG, special_tokens=["<|eot_id|>"], cluster=CLUSTER)
+    cmd = job.command
+    line = job.dry_run()
+    job_dir = tmp_path / "job"
+    for flags in (f"--reward.remote_url {job_dir}/reward_func.py", "--algo.advantage.estimator group_norm",
+                  "--rollout.n_samples_per_prompt 16", "--actor.adam.lr 1e-06", "--algo.kl.init_coef 0.0001"):
+        assert flags in line, flags
+    assert job.reward_file == job_dir / "reward_func.py" and job.dataset == job_dir / "prompts.jsonl"
+    assert _value(cmd, "--data.prompt_dataset") == str(job.dataset) and _value(cmd, "--data.label_key") == "label"
+    assert _value(cmd, "--ckpt.output_dir") == "/models/query_agent"
+    assert shlex.split((job_dir / "command.sh").read_text().splitlines()[1]) == cmd
+    row = load_jsonl(job.dataset)[0]
+    assert row["datasource"] == "maps_query" and row["input"][0]["role"] == "system"
+    assert set(json.loads(row["label"])) == {"golden_answers", "question", "pool"}

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,11 +16,16 @@ from typing import Any
 
 from pydantic import Field
 
+from ragteam.agents import maps
+from ragteam.agents.core import QueryPool
 from ragteam.config import Strict
+from ragteam.llm import Team
+from ragteam.retrieval.base import Retriever
 from ragteam.rewards.maps import delta_f1
 from ragteam.train.checkpoints import TrainResult, save_agent
 from ragteam.train.curves import curve_rows
 from ragteam.train.grpo import GRPOParams, GRPOSample, answer_reward_func, completion_text, train_grpo
+from ragteam.train.sft import SFTSample
 
 
 class AnswerAgentParams(Strict):
@@ -78,3 +84,112 @@ def query_reward_func(answer_pairs: Callable[[list[str], list[dict[str, Any]]], 
         return rewards
 
     return delta_f1_reward
+
+
+# ---- training samples from the synthesis outputs (data/synthesis/*.jsonl) --------------------------------------
+
+def _pool(row: dict, where: str) -> QueryPool:
+    try:
+        return QueryPool.from_dict(row["pool"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: row id={row.get('id')!r} has no valid `pool` ({type(e).__name__}: {e})") from None
+
+
+def answer_samples(rows: Sequence[dict], top_k: int, passage_words: int | None, where: str = "t1") -> list[GRPOSample]:
+    """T1 rows with `top_k` -> answer-agent GRPO prompts: the MAPS answer prompt over the row's snapshot."""
+    out = []
+    for r in rows:
+        if r.get("top_k") != top_k:
+            continue
+        prompt = maps.answer_messages(r["question"], _pool(r, where).render(passage_words))
+        out.append(GRPOSample(id=r["id"], prompt=prompt, golden_answers=r["golden_answers"],
+                              meta={"question_id": r.get("question_id"), "round": r.get("round")}))
+    return out
+
+
+def query_samples(rows: Sequence[dict], passage_words: int | None, where: str = "t2") -> list[GRPOSample]:
+    """T2 rows -> query-agent GRPO prompts; `meta` carries the question and pool the ΔF1 reward needs."""
+    out = []
+    for r in rows:
+        pool = _pool(r, where)
+        out.append(GRPOSample(id=r["id"], prompt=maps.query_messages(r["question"], pool.render(passage_words)),
+                              golden_answers=r["golden_answers"],
+                              meta={"question": r["question"], "pool": r["pool"]}))
+    return out
+
+
+def judge_samples(rows: Sequence[dict], where: str = "t3") -> list[SFTSample]:
+    """T3 rows (label_judge output) -> SFT pairs: the judge prompt and its unanimity label as the assistant turn."""
+    out = []
+    for r in rows:
+        msgs = r.get("messages")
+        if not msgs or msgs[-1].get("role") != "assistant" or r.get("label") not in (maps.SUFFICIENT,
+                                                                                    maps.INSUFFICIENT):
+            raise ValueError(f"{where}: row id={r.get('id')!r} is not a labelled judge sample")
+        out.append(SFTSample(id=r["id"], prompt=msgs[:-1], completion=msgs[-1]["content"],
+                             meta={"label": r["label"], "n_correct": r.get("n_correct")}))
+    return out
+
+
+# ---- ΔF1: the frozen answer agent with and without a query's chunks (Eq. 7) ------------------------------------
+
+def _pool_key(question: str, pool: QueryPool) -> str:
+    blob = json.dumps([question, pool.queries, [[h.id for h in hs] for hs in pool.hits]], ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class AnswerPairs:
+    """`answer_pairs(queries, metas)` for `query_reward_func`: y_{n+1} and y_n from the frozen answer agent.
+
+    Each query is sanitised with the MAPS query parser (a malformed query retrieves nothing, so y_{n+1} = y_n and
+    its reward is 0), retrieved with `top_k` (one batched search), added to the sample's pool as at inference
+    (duplicates are not re-added, `max_chunks` cap), and both pools are answered greedily in ONE batched engine
+    call over the answers not yet cached. Answers are cached per (question, pool), so y_n is computed once per
+    question and a repeated query costs nothing.
+    """
+
+    def __init__(self, team: Team, retriever: Retriever, top_k: int, passage_words: int | None,
+                 max_chunks: int | None = None, role: str = "answer_agent"):
+        self.team, self.retriever, self.top_k = team, retriever, top_k
+        self.passage_words, self.max_chunks, self.role = passage_words, max_chunks, role
+        self.cache: dict[str, str] = {}
+        self.stats = {"queries": 0, "format_errors": 0, "no_new_chunks": 0, "answers_generated": 0,
+                      "cache_hits": 0, "engine_calls": 0}
+
+    def _answer(self, items: list[tuple[str, QueryPool]]) -> list[str]:
+        keys = [_pool_key(q, p) for q, p in items]
+        todo: dict[str, tuple[str, QueryPool]] = {}
+        for k, item in zip(keys, items):
+            if k not in self.cache and k not in todo:
+                todo[k] = item
+        self.stats["cache_hits"] += len(keys) - len(todo)
+        if todo:
+            prompts = [maps.answer_messages(q, p.render(self.passage_words)) for q, p in todo.values()]
+            sampling = self.team.sampling_for(self.role).model_copy(update={"n": 1, "temperature": 0.0})
+            outs = self.team.generate(self.role, prompts, sampling)
+            self.stats["engine_calls"] += 1
+            self.stats["answers_generated"] += len(prompts)
+            for k, o in zip(todo, outs):
+                a = maps.parse_answer(o[0].text)
+                self.cache[k] = a if isinstance(a, str) else ""
+        return [self.cache[k] for k in keys]
+
+    def __call__(self, queries: list[str], metas: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+        parsed = [maps.parse_query(q) for q in queries]
+        ok = [i for i, p in enumerate(parsed) if isinstance(p, str) and p.strip()]
+        self.stats["queries"] += len(queries)
+        self.stats["format_errors"] += len(queries) - len(ok)
+        hits = self.retriever.batch_search([parsed[i] for i in ok], self.top_k) if ok else []
+        hits_of = dict(zip(ok, hits))
+        prev, nxt = [], []
+        for i, m in enumerate(metas):
+            base = QueryPool.from_dict(m["pool"])
+            grown = QueryPool.from_dict(m["pool"])
+            if i in hits_of and grown.add(parsed[i], hits_of[i], self.max_chunks):
+                nxt.append((m["question"], grown))
+            else:  # nothing new reached the answer agent: same pool, same answer
+                self.stats["no_new_chunks"] += 1
+                nxt.append((m["question"], base))
+            prev.append((m["question"], base))
+        answers = self._answer(prev + nxt)
+        return answers[len(prev):], answers[: len(prev)]

@@ -2,7 +2,8 @@
 
 Nothing here imports OpenRLHF: the orchestrator writes the files and builds the command (v0.10.2+ dotted flags,
 see ../shared/notes/interfaces.md section 1); a dry run prints it, `submit` runs it. The reward file calls the same
-library reward as the TRL backend (`ragteam.rewards.maps` via `openrlhf_answer_rewards`).
+library reward as the TRL backend (`ragteam.rewards.maps` via `openrlhf_answer_rewards`; the query agent's ΔF1
+via `openrlhf_query_rewards`, which calls `ragteam.train.maps.query_reward_func` itself).
 
 How OpenRLHF calls `reward_func` (openrlhf/utils/agent.py, SingleTurnAgentExecutor): once per sample, with
 `queries` = decode(prompt_ids + response_ids, skip_special_tokens=False) (chat template and special tokens
@@ -141,6 +142,142 @@ def write_reward_file(path: str | Path, *, stage: Literal["stage1", "stage2"], a
     return Path(path)
 
 
+# ---- the query agent: R_q = ΔF1 (MAPS Eq. 7) --------------------------------------------------------------------
+
+# config JSON -> AnswerPairs (the frozen answer agent + retriever); one per reward process, built on first use
+_ANSWER_PAIRS: dict[str, Any] = {}
+
+
+def build_answer_pairs(config: dict):
+    """The `AnswerPairs` of a query-reward config: the frozen answer agent (greedy) and the retriever.
+
+    Looked up by module attribute at call time, so tests replace it (monkeypatch) with a scripted team.
+    """
+    from ragteam.llm import EngineConfig, EnginePool, SamplingConfig
+    from ragteam.retrieval import open_retriever
+    from ragteam.train.maps import AnswerPairs
+
+    pool = EnginePool(EngineConfig(backend=config["engine_backend"], device=config.get("device", "auto"),
+                                   dtype=config.get("dtype", "auto")))
+    greedy = SamplingConfig(max_new_tokens=config.get("answer_max_new_tokens", 24), temperature=0.0)
+    team = pool.team({"answer_agent": config["answer_model"]}, config["answer_model"], {"answer_agent": greedy})
+    return AnswerPairs(team, open_retriever(config["retriever"]), config["top_k"], config["passage_words"],
+                       config["max_chunks"])
+
+
+def answer_pairs_for(config: dict):
+    """The cached `AnswerPairs` for `config` (keyed by its JSON): answers stay cached across reward calls."""
+    key = json.dumps(config, sort_keys=True)
+    if key not in _ANSWER_PAIRS:
+        _ANSWER_PAIRS[key] = build_answer_pairs(config)
+    return _ANSWER_PAIRS[key]
+
+
+def decode_query_label(label: Any) -> tuple[list[str], dict[str, Any]]:
+    """(golden answers, meta) from a query-agent label `{"golden_answers": [...], "question": ..., "pool": {...}}`.
+
+    `meta` = {"question", "pool"} as `query_samples` puts it in a sample's meta; a malformed label is a ValueError
+    that names what is wrong.
+    """
+    from ragteam.agents.core import QueryPool
+
+    shown = repr(label)[:200]
+    if isinstance(label, str):
+        try:
+            label = json.loads(label)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"query-agent label is not JSON ({e}): {shown}") from None
+    if not isinstance(label, dict):
+        raise ValueError(f"query-agent label must be a JSON object with golden_answers, question and pool, got "
+                         f"{type(label).__name__}: {shown}")
+    missing = [k for k in ("golden_answers", "question", "pool") if k not in label]
+    if missing:
+        raise ValueError(f"query-agent label lacks {', '.join(missing)}: {shown}")
+    golds = label["golden_answers"]
+    if isinstance(golds, str):
+        golds = [golds]
+    if not isinstance(golds, list) or not golds or not all(isinstance(g, str) for g in golds):
+        raise ValueError(f"query-agent label: golden_answers must be a non-empty list of strings: {shown}")
+    if not isinstance(label["question"], str) or not label["question"].strip():
+        raise ValueError(f"query-agent label: question must be a non-empty string: {shown}")
+    try:
+        QueryPool.from_dict(label["pool"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"query-agent label: pool is not a valid query pool ({type(e).__name__}: {e}): "
+                         f"{shown}") from None
+    return list(golds), {"question": label["question"], "pool": label["pool"]}
+
+
+def openrlhf_query_rewards(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any], *,
+                           config: dict, special_tokens: Sequence[str]) -> tuple[list[float], list[float]]:
+    """(ΔF1 rewards, zero flags) for OpenRLHF query-agent samples (MAPS Eq. 7).
+
+    The score is the TRL backend's own reward callable, `ragteam.train.maps.query_reward_func`, over the cached
+    `AnswerPairs` of `config` (see `build_answer_pairs`), so the two backends cannot diverge. zero flag = 1.0 where
+    ΔF1 == 0 (malformed query, no new chunk, or the same F1).
+    """
+    from ragteam.train.maps import query_reward_func
+
+    responses, golds, metas = [], [], []
+    for q, p, label in zip(queries, prompts, labels, strict=True):
+        g, meta = decode_query_label(label)
+        responses.append(response_from_query(q, p, special_tokens))
+        golds.append(g)
+        metas.append(json.dumps(meta, ensure_ascii=False))
+    reward = query_reward_func(answer_pairs_for(config))
+    rewards = [float(r) for r in reward(completions=responses, golden_answers=golds, meta=metas)]
+    return rewards, [float(r == 0) for r in rewards]
+
+
+_QUERY_REWARD_FILE = '''"""OpenRLHF reward function (--reward.remote_url) for the query agent.
+
+Written by ragteam.train.openrlhf.write_query_reward_file.
+
+reward: R_q = F1(y_{{n+1}}, y*) - F1(y_n, y*) (MAPS Eq. 7), the frozen answer agent {answer_model} (greedy) with
+and without the chunks the sanitised query retrieves from {retriever} (top_k={top_k}).
+OpenRLHF loads this file with importlib.util.spec_from_file_location and calls reward_func once per sample with
+the prompt and response decoded together; the reward is the library's, as in the TRL backend. The answer agent and
+retriever are loaded once per process, on the first call.
+"""
+import sys
+
+PROJECT_DIR = {project_dir!r}
+if PROJECT_DIR not in sys.path:
+    sys.path.insert(0, PROJECT_DIR)
+
+import torch  # noqa: E402
+
+from ragteam.train.openrlhf import openrlhf_query_rewards  # noqa: E402
+
+CONFIG = {config!r}
+SPECIAL_TOKENS = {special_tokens!r}
+
+
+def reward_func(queries, prompts, labels, **kwargs):
+    rewards, zero = openrlhf_query_rewards(queries, prompts, labels, config=CONFIG, special_tokens=SPECIAL_TOKENS)
+    return {{
+        "rewards": torch.tensor(rewards, dtype=torch.float32),   # advantages (group_norm)
+        "scores": torch.tensor(rewards, dtype=torch.float32),    # ΔF1 in [-1, 1]
+        "extra_logs": {{"delta_f1_zero": torch.tensor(zero, dtype=torch.float32)}},
+    }}
+'''
+
+
+def write_query_reward_file(path: str | Path, *, config: dict, special_tokens: Sequence[str],
+                            project_dir: str) -> Path:
+    """Write the `reward_func` file for the query agent; `config` (answer model, retriever, top_k, ...) is
+    recorded in it and keys the `AnswerPairs` cache."""
+    missing = {"engine_backend", "answer_model", "retriever", "top_k", "passage_words", "max_chunks"} - set(config)
+    if missing:
+        raise ValueError(f"query reward config lacks {sorted(missing)}")
+    text = _QUERY_REWARD_FILE.format(answer_model=config["answer_model"], retriever=config["retriever"],
+                                     top_k=config["top_k"], project_dir=str(project_dir), config=dict(config),
+                                     special_tokens=list(special_tokens))
+    with atomic_file(path) as f:
+        f.write(text)
+    return Path(path)
+
+
 # ---- datasets and commands -------------------------------------------------------------------------------------
 
 def write_prompt_dataset(path: str | Path, samples: Sequence[GRPOSample | dict], datasource: str) -> int:
@@ -148,6 +285,22 @@ def write_prompt_dataset(path: str | Path, samples: Sequence[GRPOSample | dict],
     rows = validate_samples(samples)
     return write_jsonl(path, ({"id": s.id, INPUT_KEY: s.prompt, LABEL_KEY: json.dumps(s.golden_answers),
                                "datasource": datasource} for s in rows))
+
+
+def write_query_prompt_dataset(path: str | Path, samples: Sequence[GRPOSample | dict]) -> int:
+    """Query-agent GRPO prompts as JSONL: `input` = chat messages, `label` = JSON {golden_answers, question, pool}
+    (the sample's meta from `ragteam.train.maps.query_samples`)."""
+    rows = validate_samples(samples)
+    out = []
+    for i, s in enumerate(rows):
+        if not isinstance(s.meta.get("question"), str) or not isinstance(s.meta.get("pool"), dict):
+            raise ValueError(f"query sample {i} (id={s.id!r}) has no question / pool in its meta "
+                             f"(build it with ragteam.train.maps.query_samples)")
+        label = {"golden_answers": s.golden_answers, "question": s.meta["question"], "pool": s.meta["pool"]}
+        decode_query_label(label)  # fail here, not on the cluster
+        out.append({"id": s.id, INPUT_KEY: s.prompt, LABEL_KEY: json.dumps(label, ensure_ascii=False),
+                    "datasource": "maps_query"})
+    return write_jsonl(path, out)
 
 
 def write_sft_dataset(path: str | Path, samples: Sequence[SFTSample | dict]) -> int:
@@ -259,6 +412,37 @@ def prepare_answer_grpo_job(samples: Sequence[GRPOSample | dict], job_dir: str |
     reward_file = write_reward_file(job_dir / "reward_func.py", stage=stage, alpha=alpha, max_words=max_words,
                                     min_words=min_words, special_tokens=special_tokens,
                                     project_dir=cluster.project_dir)
+    args = grpo_args(model_path=model_path, dataset=str(dataset), reward_file=str(reward_file),
+                     output_dir=output_dir, ckpt_path=str(job_dir / "ckpt"), params=params, cluster=cluster,
+                     n_prompts=n)
+    job = OpenRLHFJob(dataset=dataset, reward_file=reward_file, command=ray_submit_command(args, cluster))
+    with atomic_file(job_dir / "command.sh") as f:
+        f.write("#!/bin/sh\n" + job.dry_run() + "\n")
+    return job
+
+
+def prepare_query_grpo_job(samples: Sequence[GRPOSample | dict], job_dir: str | Path, *, model_path: str,
+                           output_dir: str, params: GRPOParams, answer_model: str, retriever: str, top_k: int,
+                           passage_words: int | None, max_chunks: int | None, special_tokens: Sequence[str],
+                           cluster: OpenRLHFCluster, engine_backend: Literal["hf", "vllm"] = "vllm",
+                           device: str = "auto", dtype: str = "auto",
+                           answer_max_new_tokens: int = 24) -> OpenRLHFJob:
+    """Write `<job_dir>/prompts.jsonl` and `reward_func.py` for the query agent (R_q = ΔF1, MAPS Eq. 7); build the
+    submit command (same GRPO flags as the answer agent).
+
+    The reward process loads the frozen answer agent `answer_model` (greedy, `engine_backend`) and the retriever
+    `retriever` (paths valid on the cluster) once, on its first call. NOT EXECUTED HERE: this repository's
+    machine has no GPU and no Ray cluster; only the files, the command and the reward file's scoring (with a
+    scripted answer agent) are tested.
+    """
+    job_dir = Path(job_dir)
+    dataset = job_dir / "prompts.jsonl"
+    n = write_query_prompt_dataset(dataset, samples)
+    config = {"engine_backend": engine_backend, "device": device, "dtype": dtype, "answer_model": answer_model,
+              "answer_max_new_tokens": answer_max_new_tokens, "retriever": retriever, "top_k": top_k,
+              "passage_words": passage_words, "max_chunks": max_chunks}
+    reward_file = write_query_reward_file(job_dir / "reward_func.py", config=config, special_tokens=special_tokens,
+                                          project_dir=cluster.project_dir)
     args = grpo_args(model_path=model_path, dataset=str(dataset), reward_file=str(reward_file),
                      output_dir=output_dir, ckpt_path=str(job_dir / "ckpt"), params=params, cluster=cluster,
                      n_prompts=n)

@@ -1,0 +1,123 @@
+"""What the four MAPS training stages share: params sections, backends, the agent save with card and curves.
+
+Paths follow one layout (dvc.yaml): agents in `models/agents/<agent>` (DVC outs, registered as artifacts),
+resumable checkpoints in `checkpoints/<stage>` (NOT DVC outs: DVC would delete them before a rerun), curves in
+`reports/training/<stage>.csv` (DVC plots) and `reports/figures/<stage>.png`, metrics in `metrics/<stage>.json`.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ragteam.config import Strict
+from ragteam.io import DataError, read_jsonl
+from ragteam.train.checkpoints import TrainResult, save_agent
+from ragteam.train.curves import summarize, write_curves
+from ragteam.train.grpo import GRPOParams
+from ragteam.train.maps import AnswerAgentParams
+from ragteam.train.model_card import model_card
+from ragteam.train.openrlhf import OpenRLHFCluster, OpenRLHFJob, submit
+from ragteam.train.sft import SFTParams
+
+AGENTS = Path("models/agents")
+CHECKPOINTS = Path("checkpoints")
+CURVES = Path("reports/training")
+FIGURES = Path("reports/figures")
+JOBS = Path("jobs/openrlhf")
+SYNTHESIS = Path("data/synthesis")
+
+Backend = Literal["trl", "openrlhf"]
+
+
+class OpenRLHFParams(OpenRLHFCluster):
+    """params.yaml `openrlhf`: the cluster, and whether a stage only writes its job (dry run) or submits it."""
+
+    dry_run: bool = True          # write jobs/openrlhf/<stage>/ and print the command; the stage then fails on purpose
+
+
+class TrainAnswerParams(AnswerAgentParams):
+    """params.yaml `train_answer` (Eq. 4 stage 1 on top-3 samples, Eq. 5 stage 2 on top-5 samples)."""
+
+    backend: Backend = "trl"
+    stage1_top_k: int = Field(3, ge=1)
+    stage2_top_k: int = Field(5, ge=1)
+
+
+class TrainQueryParams(Strict):
+    """params.yaml `train_query` (Eq. 7: ΔF1 of the frozen trained answer agent)."""
+
+    backend: Backend = "trl"
+    retriever: str                      # index dir or http(s) service the sampled queries are run against
+    max_samples: int = Field(0, ge=0)   # first n T2 samples; 0 = all
+    grpo: GRPOParams
+
+
+class LabelJudgeParams(Strict):
+    """params.yaml `label_judge` (Algorithm 1 step 6: 16-sample unanimity of the trained answer agent)."""
+
+    n_samples: int = Field(16, ge=2)
+    temperature: float = Field(gt=0)
+    max_new_tokens: int = Field(ge=1)
+    seed: int = 0
+    max_candidates: int = Field(0, ge=0)  # first n judge candidates; 0 = all
+    min_per_label: int = Field(1, ge=0)   # fewer of either label fails the stage (an SFT judge needs both)
+
+
+class TrainJudgeParams(Strict):
+    """params.yaml `train_judge` (SFT, loss on the assistant turn only)."""
+
+    backend: Backend = "trl"
+    sft: SFTParams
+
+
+def load_rows(path: str | Path, what: str) -> list[dict]:
+    """All rows of a JSONL the stage depends on; a missing or empty file names the stage that makes it."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: missing ({what}); run its producing stage first (dvc repro)")
+    rows = [r for _, r in read_jsonl(p)]
+    if not rows:
+        raise DataError(f"{p}: no rows ({what})")
+    return rows
+
+
+def finish_agent(result: TrainResult, curve: Sequence[dict], *, stage: str, agent: str, base_model: str,
+                 backend: str, data: Mapping[str, str | Path], params: Mapping[str, Any], reward: str,
+                 extra_metrics: Mapping[str, Any] | None = None, notes: str = "", title: str = "") -> dict:
+    """Save the agent (safetensors + tokenizer + model card) and its curves; return the stage's metrics."""
+    metrics = {**summarize(curve, result.seconds, result.global_step), **(extra_metrics or {})}
+    if result.resumed_from is not None:  # `seconds` covers only the steps run after the resume
+        metrics["resumed_from_step"] = result.resumed_from
+        ran = result.global_step - result.resumed_from
+        metrics["seconds_per_step"] = round(result.seconds / ran, 2) if ran else 0.0
+    write_curves(curve, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png", title=title or stage)
+    card = model_card(agent=agent, base_model=base_model, backend=backend, data=data, params=params,
+                      reward=reward, metrics=metrics, notes=notes)
+    save_agent(result, AGENTS / agent, card)
+    return metrics
+
+
+def run_openrlhf(jobs: Sequence[OpenRLHFJob], stage: str, cfg: OpenRLHFParams) -> None:
+    """Submit the stage's jobs in order (blocking `ray job submit` / deepspeed), or print them and stop (dry run).
+
+    A dry run ends the stage with an error on purpose: DVC must not record outputs that were never trained.
+    """
+    for job in jobs:
+        line = submit(job, dry_run=cfg.dry_run)
+        if cfg.dry_run:
+            print(f"{stage}: OpenRLHF dry run, not executed: {line}", flush=True)
+    if cfg.dry_run:
+        raise DataError(f"{stage}: openrlhf.dry_run is true: the job files and commands are in {JOBS / stage} "
+                        f"(command.sh); set openrlhf.dry_run false on the cluster head to submit them")
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return round(time.perf_counter() - self.t0, 1)

@@ -1,0 +1,96 @@
+"""Stage train_answer (MAPS Algorithm 1 step 3): GRPO stage 1 on top-3 samples of T1 with R_a1 (Eq. 4), then
+stage 2 on top-5 samples with R_a2 (Eq. 5) from the stage-1 model.
+
+Writes models/agents/answer (safetensors + model card), reports/training/train_answer.csv (+ PNG) and
+metrics/train_answer.json. Resumes from checkpoints/train_answer after a kill.
+"""
+from __future__ import annotations
+
+import sys
+
+from ragteam.agents.maps_workflow import MapsConfig
+from ragteam.config import ParamsError, load_params, parse_section
+from ragteam.io import DataError, write_json
+from ragteam.llm import LLMConfig
+from ragteam.train.maps import answer_samples, train_answer_agent
+from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainAnswerParams,
+                                 finish_agent, load_rows, run_openrlhf)
+
+STAGE, AGENT = "train_answer", "answer"
+T1 = SYNTHESIS / "t1_answer.jsonl"
+
+
+def samples(tp: TrainAnswerParams, passage_words: int | None):
+    rows = load_rows(T1, "answer-agent data T1, stage synthesize")
+    s1 = answer_samples(rows, tp.stage1_top_k, passage_words, where=str(T1))
+    s2 = answer_samples(rows, tp.stage2_top_k, passage_words, where=str(T1))
+    for name, s, k in (("stage 1", s1, tp.stage1_top_k), ("stage 2", s2, tp.stage2_top_k)):
+        if not s:
+            raise DataError(f"{T1}: no top-{k} samples for {name} (synthesize.top3_fraction decides the split)")
+    return s1, s2
+
+
+def run(tp: TrainAnswerParams, llm: LLMConfig, maps_cfg: MapsConfig, orl: OpenRLHFParams | None = None) -> dict:
+    s1, s2 = samples(tp, maps_cfg.passage_words)
+    print(f"{STAGE}: stage 1 on {len(s1)} top-{tp.stage1_top_k} samples, stage 2 on {len(s2)} "
+          f"top-{tp.stage2_top_k} samples, backend {tp.backend}", flush=True)
+    common = {"alpha": tp.alpha, "l": tp.max_words, "min_words": tp.min_words,
+              "passage_words": maps_cfg.passage_words}
+    if tp.backend == "openrlhf":
+        return run_openrlhf_backend(tp, llm, s1, s2, orl)
+    result, curve = train_answer_agent(s1, s2, llm.model, CHECKPOINTS / STAGE, tp)
+    reward = (f"stage 1: R_a1 = EM + α·PR + L(y) (Eq. 4); stage 2: R_a2 = EM + α·F1 + L(y) (Eq. 5); "
+              f"α = {tp.alpha}, l = {tp.max_words} words, min_words = {tp.min_words}")
+    metrics = finish_agent(
+        result, curve, stage=STAGE, agent=AGENT, base_model=llm.model, backend=f"trl/{tp.stage1.trainer}",
+        data={"t1_answer": T1}, params={**tp.model_dump(), **common}, reward=reward,
+        extra_metrics={"stage1_samples": len(s1), "stage2_samples": len(s2),
+                       "stage1_seconds": round(result.extra["stage1"]["seconds"], 1)},
+        title=f"answer agent: stage 1 (Eq. 4) steps 1-{tp.stage1.steps}, stage 2 (Eq. 5) after")
+    for st in ("stage1", "stage2"):
+        rows = [r for r in curve if r.get("stage") == st]
+        for col in ("reward", "em"):
+            ys = [r[col] for r in rows if col in r]
+            if ys:
+                q = max(len(ys) // 4, 1)
+                metrics[f"{st}_{col}_first"] = round(sum(ys[:q]) / q, 4)
+                metrics[f"{st}_{col}_last"] = round(sum(ys[-q:]) / q, 4)
+    return metrics
+
+
+def run_openrlhf_backend(tp: TrainAnswerParams, llm: LLMConfig, s1, s2, orl: OpenRLHFParams | None) -> dict:
+    """Stage 1 then stage 2 as two Ray jobs; stage 2 starts from stage 1's HF save."""
+    from transformers import AutoTokenizer
+
+    from ragteam.train.openrlhf import prepare_answer_grpo_job
+
+    if orl is None:
+        raise ParamsError("train_answer.backend is openrlhf but params.yaml has no `openrlhf` section")
+    special = AutoTokenizer.from_pretrained(llm.model).all_special_tokens
+    jobs, model = [], llm.model
+    for st, s, p, out in (("stage1", s1, tp.stage1, CHECKPOINTS / STAGE / "stage1_model"),
+                          ("stage2", s2, tp.stage2, AGENTS / AGENT)):
+        jobs.append(prepare_answer_grpo_job(s, JOBS / STAGE / st, model_path=str(model), output_dir=str(out),
+                                            params=p, stage=st, alpha=tp.alpha, max_words=tp.max_words,
+                                            min_words=tp.min_words, special_tokens=special, cluster=orl))
+        model = out
+    run_openrlhf(jobs, STAGE, orl)
+    return {"backend": "openrlhf", "stage1_samples": len(s1), "stage2_samples": len(s2)}
+
+
+def main() -> None:
+    try:
+        params = load_params()
+        tp = parse_section(params, STAGE, TrainAnswerParams)
+        llm = parse_section(params, "llm", LLMConfig)
+        maps_cfg = parse_section(params, "maps", MapsConfig)
+        orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
+        metrics = run(tp, llm, maps_cfg, orl)
+    except (ParamsError, DataError, ValueError) as e:
+        sys.exit(f"{STAGE} FAILED (models/agents/{AGENT} left untouched): {e}")
+    write_json(f"metrics/{STAGE}.json", metrics)
+    print(f"{STAGE}: {metrics}")
+
+
+if __name__ == "__main__":
+    main()
