@@ -1,7 +1,7 @@
 """Stage label_judge (MAPS Algorithm 1 step 6): the trained answer agent samples `n_samples` answers per judge
 candidate; all EM-correct -> "Sufficient Information", all wrong -> "Insufficient Information", mixed -> dropped.
 
-Writes data/synthesis_judge/t3_judge.jsonl (validated), metrics/label_judge.json (label balance, drop rate).
+Writes data/judge/t3_judge.jsonl (validated), metrics/label_judge.json (label balance, drop rate).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def run(lp: LabelJudgeParams, llm: LLMConfig, maps_cfg: MapsConfig, out: Path = 
     team = (engines or EnginePool(llm)).team({"answer_agent": str(ANSWER_AGENT)}, llm.model, llm.sampling)
     print(f"{STAGE}: {len(cands)} candidates x {lp.n_samples} samples (T={lp.temperature})", flush=True)
     rows, stats = synthesis.label_judge(cands, team, lp.n_samples, lp.temperature, lp.max_new_tokens,
-                                        maps_cfg.passage_words, lp.seed)
+                                        maps_cfg.passage_words, lp.seed, lp.metric)
     for label in (synthesis.SUFFICIENT, synthesis.INSUFFICIENT):
         if stats[label] < lp.min_per_label:
             raise DataError(f"{STAGE}: only {stats[label]} '{label}' labels out of {len(cands)} candidates "

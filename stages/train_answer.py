@@ -39,6 +39,14 @@ def run(tp: TrainAnswerParams, llm: LLMConfig, maps_cfg: MapsConfig, orl: OpenRL
     if tp.backend == "openrlhf":
         return run_openrlhf_backend(tp, llm, s1, s2, orl)
     result, curve = train_answer_agent(s1, s2, llm.model, CHECKPOINTS / STAGE, tp)
+    # the card and metrics describe both stages: steps and seconds of stage 1 + stage 2
+    st1 = result.extra["stage1"]
+    result.seconds += st1["seconds"]
+    result.global_step += st1["global_step"]
+    if result.resumed_from is not None or st1["resumed_from"] is not None:
+        # steps not run in this session: stage 1's resume point, plus all of stage 1 when stage 2 resumed
+        result.resumed_from = (st1["global_step"] + result.resumed_from if result.resumed_from is not None
+                               else st1["resumed_from"])
     reward = (f"stage 1: R_a1 = EM + α·PR + L(y) (Eq. 4); stage 2: R_a2 = EM + α·F1 + L(y) (Eq. 5); "
               f"α = {tp.alpha}, l = {tp.max_words} words, min_words = {tp.min_words}")
     metrics = finish_agent(

@@ -137,9 +137,9 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     assert curve[0].startswith("step,stage,reward") and len(curve) == 1 + 4   # 2 + 2 steps, stage 2 continues
     assert [ln.split(",")[0] for ln in curve[1:]] == ["1", "2", "3", "4"]
     assert (tmp_path / "reports/figures/train_answer.png").stat().st_size > 1000
-    assert m["stage1_samples"] == 2 and m["stage2_samples"] == 2 and m["steps"] == 2
+    assert m["stage1_samples"] == 2 and m["stage2_samples"] == 2 and m["steps"] == 4   # both stages
     # a rerun with the same inputs resumes from the final checkpoints: nothing is retrained
-    assert train_answer.run(tp, llm, cfg)["resumed_from_step"] == 2
+    assert train_answer.run(tp, llm, cfg)["resumed_from_step"] == 4
 
     qp = TrainQueryParams(retriever="unused", grpo=grpo)
     mq = train_query.run(qp, llm, cfg, "unused", retriever=RETRIEVER)
@@ -210,3 +210,32 @@ def test_hit_roundtrip_keeps_the_pool():  # the pools the trainers read are the 
     p = _pool("Where was Ann Lee born?", "Paris city")
     assert QueryPool.from_dict(json.loads(json.dumps(p.to_dict()))).render(None) == p.render(None)
     assert all(isinstance(h, Hit) for hs in p.hits for h in hs)
+
+
+def test_paper_profile_dry_run_builds_the_papers_grpo_commands(smollm2_dir, tmp_path, monkeypatch):
+    """params.yaml + profiles/paper.yaml, as `ragteam profile apply paper` merges them, through the real stage."""
+    from pathlib import Path
+
+    from stages import train_answer
+
+    from ragteam.config import deep_merge, load_params, parse_section
+    from ragteam.profiles import load_profile
+    from ragteam.train.stage import OpenRLHFParams
+
+    repo = Path(__file__).resolve().parents[1]
+    params = deep_merge(load_params(repo / "params.yaml"), load_profile("paper", repo / "profiles"))
+    tp = parse_section(params, "train_answer", TrainAnswerParams)
+    orl = parse_section(params, "openrlhf", OpenRLHFParams).model_copy(update={"dry_run": True})
+    monkeypatch.chdir(tmp_path)
+    _synthesis(tmp_path)
+    with pytest.raises(DataError, match="dry_run"):
+        train_answer.run(tp, LLMConfig(model=str(smollm2_dir)), parse_section(params, "maps", MapsConfig), orl)
+    cmd = (tmp_path / "jobs/openrlhf/train_answer/stage1/command.sh").read_text().split()
+    flag = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
+    assert flag("--algo.advantage.estimator") == "group_norm"
+    assert flag("--rollout.n_samples_per_prompt") == "16" and flag("--rollout.batch_size") == "32"
+    assert flag("--train.batch_size") == "512"
+    assert float(flag("--actor.adam.lr")) == 1e-6 and float(flag("--algo.kl.init_coef")) == 1e-4
+    assert "--ds.lora.rank" not in cmd  # full fine-tuning
+    reward = (tmp_path / "jobs/openrlhf/train_answer/stage1/reward_func.py").read_text()
+    assert "'min_words': 0" in reward and "'max_words': 5" in reward   # Eq. 3 exactly

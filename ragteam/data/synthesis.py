@@ -113,18 +113,20 @@ def query_samples(rows: Sequence[dict], retriever: Retriever, top_k: int) -> lis
 
 
 def label_judge(candidates: Sequence[dict], team: Team, n_samples: int, temperature: float, max_new_tokens: int,
-                passage_words: int | None, seed: int) -> tuple[list[dict], dict]:
+                passage_words: int | None, seed: int, metric: str = "em") -> tuple[list[dict], dict]:
     """T3 (Algorithm 1 step 6): the trained answer agent answers each candidate `n_samples` times (temperature > 0).
 
-    All EM-correct -> Sufficient Information; all wrong -> Insufficient Information; mixed -> dropped.
+    All correct -> Sufficient Information; all wrong -> Insufficient Information; mixed -> dropped. "Correct" is
+    `metric`: em (the paper's natural reading) or acc (a golden answer contained in the answer).
     Returns (labelled rows, stats).
     """
+    score = METRICS[metric]
     pools = [QueryPool.from_dict(c["pool"]) for c in candidates]
     s = SamplingConfig(n=n_samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     answers = sample_answers(team, "answer_agent", candidates, pools, s, passage_words)
-    out, stats = [], {"candidates": len(candidates), SUFFICIENT: 0, INSUFFICIENT: 0, "dropped": 0}
+    out, stats = [], {"candidates": len(candidates), SUFFICIENT: 0, INSUFFICIENT: 0, "dropped": 0, "metric": metric}
     for c, pool, ans in zip(candidates, pools, answers):
-        n = int(sum(exact_match(a, c["golden_answers"]) for a in ans))
+        n = int(sum(score(a, c["golden_answers"]) for a in ans))
         label = SUFFICIENT if n == n_samples else INSUFFICIENT if n == 0 else None
         if label is None:
             stats["dropped"] += 1

@@ -54,7 +54,8 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
                     run_tag={**tag, "reward": "Eq. 4"}, callbacks=callbacks)
     stage1_model = save_agent(r1, work / "stage1_model")
     rows = curve_rows(r1.log_history, stage="stage1")
-    summary1 = {"global_step": r1.global_step, "seconds": r1.seconds, "fingerprint": r1.extra["fingerprint"]}
+    summary1 = {"global_step": r1.global_step, "seconds": r1.seconds, "resumed_from": r1.resumed_from,
+                "fingerprint": r1.extra["fingerprint"]}
     del r1
     gc.collect()
     r2 = train_grpo(stage2, str(stage1_model), str(work / "stage2"), params.stage2,

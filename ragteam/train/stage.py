@@ -60,6 +60,7 @@ class LabelJudgeParams(Strict):
     """params.yaml `label_judge` (Algorithm 1 step 6: 16-sample unanimity of the trained answer agent)."""
 
     n_samples: int = Field(16, ge=2)
+    metric: Literal["em", "acc"] = "em"   # what "correct" means (the paper: EM)
     temperature: float = Field(gt=0)
     max_new_tokens: int = Field(ge=1)
     seed: int = 0
