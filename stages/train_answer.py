@@ -41,7 +41,7 @@ def run(tp: TrainAnswerParams, llm: LLMConfig, maps_cfg: MapsConfig, orl: OpenRL
     result, curve = train_answer_agent(s1, s2, llm.model, CHECKPOINTS / STAGE, tp)
     # the card and metrics describe both stages: steps and seconds of stage 1 + stage 2
     st1 = result.extra["stage1"]
-    result.seconds += st1["seconds"]
+    result.seconds += st1["seconds"]      # this session's wall time (train time comes from the logged steps)
     result.global_step += st1["global_step"]
     if result.resumed_from is not None or st1["resumed_from"] is not None:
         # steps not run in this session: stage 1's resume point, plus all of stage 1 when stage 2 resumed
@@ -53,7 +53,8 @@ def run(tp: TrainAnswerParams, llm: LLMConfig, maps_cfg: MapsConfig, orl: OpenRL
         result, curve, stage=STAGE, agent=AGENT, base_model=llm.model, backend=f"trl/{tp.stage1.trainer}",
         data={"t1_answer": T1}, params={**tp.model_dump(), **common}, reward=reward,
         extra_metrics={"stage1_samples": len(s1), "stage2_samples": len(s2),
-                       "stage1_seconds": round(result.extra["stage1"]["seconds"], 1)},
+                       "stage1_seconds": round(sum(r.get("step_seconds", 0.0) for r in curve
+                                                   if r.get("stage") == "stage1"), 1)},
         title=f"answer agent: stage 1 (Eq. 4) steps 1-{tp.stage1.steps}, stage 2 (Eq. 5) after")
     for st in ("stage1", "stage2"):
         rows = [r for r in curve if r.get("stage") == st]

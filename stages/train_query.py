@@ -48,8 +48,8 @@ def run(tp: TrainQueryParams, llm: LLMConfig, maps_cfg: MapsConfig, retriever_pa
                                  "passage_words": maps_cfg.passage_words})
     curve = curve_rows(result.log_history)
     zero = [r["delta_f1_zero"] for r in curve if "delta_f1_zero" in r]
-    extra = {"samples": len(samples), "delta_f1_zero_rate": round(sum(zero) / len(zero), 4) if zero else None,
-             **{f"answer_pairs_{k}": v for k, v in pairs.stats.items()}}
+    extra = {"samples": len(samples), "delta_f1_zero_rate": round(sum(zero) / len(zero), 4) if zero else None}
+    session = {f"answer_pairs_{k}": v for k, v in pairs.stats.items()}   # this run's steps only (0 after a resume)
     return finish_agent(
         result, curve, stage=STAGE, agent=AGENT, base_model=llm.model, backend=f"trl/{tp.grpo.trainer}",
         data={"t2_query": T2, "answer_agent": ANSWER_AGENT / "model.safetensors"},
@@ -57,7 +57,7 @@ def run(tp: TrainQueryParams, llm: LLMConfig, maps_cfg: MapsConfig, retriever_pa
                 "passage_words": maps_cfg.passage_words},
         reward="R_q = F1(y_{n+1}, y*) - F1(y_n, y*) (Eq. 7): the frozen answer agent (greedy) with and without "
                "the chunks the sanitised query retrieves; a malformed query retrieves nothing (reward 0)",
-        extra_metrics=extra, title="query agent (ΔF1 reward)",
+        extra_metrics=extra, session_metrics=session, title="query agent (ΔF1 reward)",
         notes=f"ΔF1 was zero for {extra['delta_f1_zero_rate']} of the sampled queries (mean over steps).")
 
 

@@ -138,8 +138,12 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     assert [ln.split(",")[0] for ln in curve[1:]] == ["1", "2", "3", "4"]
     assert (tmp_path / "reports/figures/train_answer.png").stat().st_size > 1000
     assert m["stage1_samples"] == 2 and m["stage2_samples"] == 2 and m["steps"] == 4   # both stages
-    # a rerun with the same inputs resumes from the final checkpoints: nothing is retrained
-    assert train_answer.run(tp, llm, cfg)["resumed_from_step"] == 4
+    # a rerun with the same inputs resumes from the final checkpoints: nothing is retrained, and the agent is
+    # re-saved byte for byte (DVC sees an unchanged out, downstream stages are not rerun)
+    before = {p.name: p.read_bytes() for p in agent.iterdir()}
+    again = train_answer.run(tp, llm, cfg)
+    assert again["resumed_from_step"] == 4 and again["seconds"] == m["seconds"] > 0
+    assert {p.name: p.read_bytes() for p in agent.iterdir()} == before
 
     qp = TrainQueryParams(retriever="unused", grpo=grpo)
     mq = train_query.run(qp, llm, cfg, "unused", retriever=RETRIEVER)
@@ -168,6 +172,8 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     mj = train_judge.run(jp, llm)
     assert (tmp_path / "models/agents/judge/model.safetensors").is_file()
     assert mj["samples"] == 2 and mj["label_sufficient"] == 1 and mj["steps"] == 2
+    # TRL runs log their step times too (kept in the checkpointed history: the card's time survives a resume)
+    assert "step_seconds" in (tmp_path / "reports/training/train_judge.csv").read_text().splitlines()[0]
 
 
 def test_stages_name_their_missing_inputs(tmp_path, monkeypatch):

@@ -84,9 +84,37 @@ def prepare_resume(ckpt_dir: str | Path, fp: str) -> str | None:
     return str(ckpt_dir / f"checkpoint-{steps[-1]}") if steps else None
 
 
+def step_timer():
+    """A transformers TrainerCallback that adds `step_time` (seconds) to each step's log_history entry.
+
+    The history is saved in every checkpoint (trainer_state.json), so the training time of a run survives a
+    resume (the shared-prefix trainer logs `step_time` itself).
+    """
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.t0, self.last = None, None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.last = time.perf_counter() - self.t0 if self.t0 is not None else None
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            entry = state.log_history[-1] if state.log_history else None
+            if entry is not None and self.last is not None and "train_runtime" not in entry:
+                entry["step_time"] = self.last
+                self.last = None
+
+    return StepTimer()
+
+
 def run_resumable(trainer: Any, resume_from: str | None) -> tuple[list[dict], int, float]:
     """trainer.train() from `resume_from` (or scratch); returns (log_history, global_step, seconds)."""
     t0 = time.perf_counter()
+    trainer.add_callback(step_timer())
     trainer.train(resume_from_checkpoint=resume_from)
     return list(trainer.state.log_history), int(trainer.state.global_step), time.perf_counter() - t0
 
@@ -99,13 +127,17 @@ def unwrap_model(model: Any) -> Any:
 
 
 def save_agent(result: TrainResult, out_dir: str | Path, card: str | None = None) -> Path:
-    """save_pretrained (safetensors) + tokenizer (+ README.md model card), atomically: all or nothing."""
+    """save_pretrained (safetensors) + tokenizer (+ README.md model card), atomically: all or nothing.
+
+    Everything written describes the weights, not the session that saved them (no wall time of a resumed rerun),
+    so re-saving the same trained model gives the same bytes and DVC sees an unchanged output.
+    """
     with atomic_dir(out_dir) as tmp:
         model = unwrap_model(result.model)
         model.save_pretrained(tmp, safe_serialization=True)
         result.tokenizer.save_pretrained(tmp)
         write_json(tmp / TRAIN_INFO, {"fingerprint": result.extra.get("fingerprint"), "global_step": result.global_step,
-                                      "seconds": round(result.seconds, 1), "resumed_from": result.resumed_from})
+                                      "train_seconds": round(result.extra.get("train_seconds", result.seconds), 1)})
         if card is not None:
             (tmp / "README.md").write_text(card, encoding="utf-8")
     return Path(out_dir)

@@ -86,20 +86,34 @@ def load_rows(path: str | Path, what: str) -> list[dict]:
     return rows
 
 
+def train_seconds(curve: Sequence[dict], fallback: float) -> float:
+    """Training time of the run that made the weights: the sum of the logged step times (they survive a resume in
+    the checkpointed history), else `fallback` (this session's wall time)."""
+    steps = [r.get("step_seconds") for r in curve]
+    return round(sum(steps), 1) if steps and all(x is not None for x in steps) else round(fallback, 1)
+
+
 def finish_agent(result: TrainResult, curve: Sequence[dict], *, stage: str, agent: str, base_model: str,
                  backend: str, data: Mapping[str, str | Path], params: Mapping[str, Any], reward: str,
-                 extra_metrics: Mapping[str, Any] | None = None, notes: str = "", title: str = "") -> dict:
-    """Save the agent (safetensors + tokenizer + model card) and its curves; return the stage's metrics."""
-    metrics = {**summarize(curve, result.seconds, result.global_step), **(extra_metrics or {})}
-    if result.resumed_from is not None:  # `seconds` covers only the steps run after the resume
-        metrics["resumed_from_step"] = result.resumed_from
-        ran = result.global_step - result.resumed_from
-        metrics["seconds_per_step"] = round(result.seconds / ran, 2) if ran else 0.0
+                 extra_metrics: Mapping[str, Any] | None = None, session_metrics: Mapping[str, Any] | None = None,
+                 notes: str = "", title: str = "") -> dict:
+    """Save the agent (safetensors + tokenizer + model card) and its curves; return the stage's metrics.
+
+    The card holds what describes the weights (training metrics from the logged history, `extra_metrics`);
+    `session_metrics` and the resume point describe this run only and go to the returned metrics alone, so a
+    resumed no-op rerun re-saves a byte-identical agent.
+    """
+    total = train_seconds(curve, result.seconds)
+    result.extra["train_seconds"] = total
+    metrics = {**summarize(curve, total, result.global_step), **(extra_metrics or {})}
     write_curves(curve, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png", title=title or stage)
     card = model_card(agent=agent, base_model=base_model, backend=backend, data=data, params=params,
                       reward=reward, metrics=metrics, notes=notes)
     save_agent(result, AGENTS / agent, card)
-    return metrics
+    metrics["seconds_this_run"] = round(result.seconds, 1)
+    if result.resumed_from is not None:
+        metrics["resumed_from_step"] = result.resumed_from
+    return {**metrics, **(session_metrics or {})}
 
 
 def run_openrlhf(jobs: Sequence[OpenRLHFJob], stage: str, cfg: OpenRLHFParams) -> None:
