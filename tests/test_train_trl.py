@@ -242,3 +242,16 @@ def test_answer_agent_stage2_starts_from_stage1_and_reruns_resume(tiny_llm, tmp_
     # new stage-1 data -> a new stage-1 model -> stage 2 cannot reuse its checkpoints
     res, _ = train_answer_agent(top5, top5, str(tiny_llm), tmp_path / "work", params)
     assert res.resumed_from is None
+
+
+def test_answer_reward_treats_a_clipped_completion_as_too_long():
+    f = answer_reward_func("stage1", alpha=0.5, max_words=5, min_words=1, clip_tokens=4)
+    logged = {}
+    out = f(completions=["Paris", "Paris", "It is Paris maybe"], golden_answers=[["Paris"]] * 3,
+            completion_ids=[[1, 2], [1, 2, 3, 4], [1, 2, 3, 4]], log_metric=lambda k, v: logged.setdefault(k, v))
+    # EM + α·PR + L: ended within the budget (1.5); cut at 4 tokens -> L = -1 (0.5); cut and wordy (0.125 - 1)
+    assert out == pytest.approx([1.5, 0.5, 0.5 * 0.25 - 1.0])
+    assert logged["clipped"] == pytest.approx(2 / 3)
+    # off (the paper profile): Eq. 4 exactly
+    assert answer_reward_func("stage1", 0.5, 5, 1)(completions=["Paris"], golden_answers=[["Paris"]],
+                                                   completion_ids=[[1, 2, 3, 4]]) == [1.5]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragteam.config import Strict
 from ragteam.eval.metrics import exact_match
-from ragteam.rewards.maps import ANSWER_REWARDS
+from ragteam.rewards.maps import ANSWER_REWARDS, length_penalty
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
 
 Messages = list[dict[str, str]]
@@ -80,20 +80,33 @@ def completion_text(completion: str | Messages) -> str:
 
 
 def answer_reward_func(stage: Literal["stage1", "stage2"], alpha: float, max_words: int,
-                       min_words: int = 0) -> Callable[..., list[float]]:
+                       min_words: int = 0, clip_tokens: int | None = None) -> Callable[..., list[float]]:
     """The TRL reward callable for the answer agent: Eq. 4 (stage1) or Eq. 5 (stage2) per completion.
 
     TRL passes the dataset's `golden_answers` column (aligned with the completions) as a kwarg. EM is logged as
-    the metric `em` next to TRL's `reward`.
+    the metric `em` next to TRL's `reward`. `clip_tokens` (= max_completion_length; None = off): a completion
+    that used all of them was cut off, its real length is unknown, so L(y) = -1 as for an over-long answer.
+    Without it, short generation budgets let a policy earn the length term with answers that never end.
     """
     reward_fn = ANSWER_REWARDS[stage]
 
-    def reward(completions: list, golden_answers: list[list[str]], log_metric=None, **_: Any) -> list[float]:
+    def reward(completions: list, golden_answers: list[list[str]], log_metric=None, completion_ids=None,
+               **_: Any) -> list[float]:
         ys = [completion_text(c) for c in completions]
+        clipped = [False] * len(ys)
+        if clip_tokens is not None and completion_ids is not None:
+            clipped = [len(ids) >= clip_tokens for ids in completion_ids]
         if log_metric is not None:
             log_metric("em", sum(exact_match(y, g) for y, g in zip(ys, golden_answers)) / max(len(ys), 1))
             log_metric("words", sum(len(y.split()) for y in ys) / max(len(ys), 1))
-        return [reward_fn(y, g, alpha, max_words, min_words) for y, g in zip(ys, golden_answers)]
+            log_metric("clipped", sum(clipped) / max(len(ys), 1))
+        out = []
+        for y, g, c in zip(ys, golden_answers, clipped):
+            r = reward_fn(y, g, alpha, max_words, min_words)
+            if c and length_penalty(y, max_words, min_words) == 0.0:
+                r -= 1.0   # L(y) = -1: the answer did not end within the budget
+            out.append(r)
+        return out
 
     reward.__name__ = reward_fn.__name__  # TRL logs rewards/<__name__>/mean
     return reward

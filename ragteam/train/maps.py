@@ -34,6 +34,7 @@ class AnswerAgentParams(Strict):
     alpha: float = Field(ge=0)                 # α in Eq. 4 / Eq. 5
     max_words: int = Field(ge=1)               # l in Eq. 3
     min_words: int = Field(0, ge=0)            # 0 = Eq. 3; 1 = also penalise the empty answer (CPU profile)
+    clipped_is_long: bool = False              # L(y) = -1 for a completion cut at max_completion_length (CPU)
     stage1: GRPOParams
     stage2: GRPOParams
 
@@ -48,9 +49,11 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     checkpoint is at the final step, so resuming it is a no-op.
     """
     work = Path(work_dir)
-    tag = {"alpha": params.alpha, "l": params.max_words, "min_words": params.min_words}
+    tag = {"alpha": params.alpha, "l": params.max_words, "min_words": params.min_words,
+           "clipped_is_long": params.clipped_is_long}
     r1 = train_grpo(stage1, model_path, str(work / "stage1"), params.stage1,
-                    answer_reward_func("stage1", params.alpha, params.max_words, params.min_words),
+                    answer_reward_func("stage1", params.alpha, params.max_words, params.min_words,
+                                       params.stage1.max_completion_length if params.clipped_is_long else None),
                     run_tag={**tag, "reward": "Eq. 4"}, callbacks=callbacks)
     stage1_model = save_agent(r1, work / "stage1_model")
     rows = curve_rows(r1.log_history, stage="stage1")
@@ -59,7 +62,8 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     del r1
     gc.collect()
     r2 = train_grpo(stage2, str(stage1_model), str(work / "stage2"), params.stage2,
-                    answer_reward_func("stage2", params.alpha, params.max_words, params.min_words),
+                    answer_reward_func("stage2", params.alpha, params.max_words, params.min_words,
+                                       params.stage2.max_completion_length if params.clipped_is_long else None),
                     run_tag={**tag, "reward": "Eq. 5"}, callbacks=callbacks)
     rows += curve_rows(r2.log_history, step_offset=params.stage1.steps, stage="stage2")
     r2.extra["stage1"] = summary1
