@@ -255,3 +255,14 @@ def test_answer_reward_treats_a_clipped_completion_as_too_long():
     # off (the paper profile): Eq. 4 exactly
     assert answer_reward_func("stage1", 0.5, 5, 1)(completions=["Paris"], golden_answers=[["Paris"]],
                                                    completion_ids=[[1, 2, 3, 4]]) == [1.5]
+
+
+def test_answer_reward_scores_the_parsed_answer_so_a_bare_label_is_empty():
+    from ragteam.agents.maps import parse_answer
+
+    f = answer_reward_func("stage1", alpha=0.5, max_words=5, min_words=1, parse=parse_answer)
+    out = f(completions=["Answer:", "Answer: Paris.", "Paris\nbecause it is the capital"],
+            golden_answers=[["Paris"]] * 3)
+    # "Answer:" reads as "" (min_words -> -1, where the raw text scored 0); the label and the second line go
+    assert out == pytest.approx([-1.0, 1.5, 1.5])
+    assert answer_reward_func("stage1", 0.5, 5, 1)(completions=["Answer:"], golden_answers=[["Paris"]]) == [0.0]

@@ -80,19 +80,24 @@ def completion_text(completion: str | Messages) -> str:
 
 
 def answer_reward_func(stage: Literal["stage1", "stage2"], alpha: float, max_words: int,
-                       min_words: int = 0, clip_tokens: int | None = None) -> Callable[..., list[float]]:
+                       min_words: int = 0, clip_tokens: int | None = None,
+                       parse: Callable[[str], Any] | None = None) -> Callable[..., list[float]]:
     """The TRL reward callable for the answer agent: Eq. 4 (stage1) or Eq. 5 (stage2) per completion.
 
     TRL passes the dataset's `golden_answers` column (aligned with the completions) as a kwarg. EM is logged as
     the metric `em` next to TRL's `reward`. `clip_tokens` (= max_completion_length; None = off): a completion
     that used all of them was cut off, its real length is unknown, so L(y) = -1 as for an over-long answer.
     Without it, short generation budgets let a policy earn the length term with answers that never end.
+    `parse` (the MAPS recipes pass `maps.parse_answer`): y is the answer as the pipeline reads it; an output it
+    rejects (e.g. a bare "Answer:") is the empty answer. Scoring the raw text let a policy collapse to "Answer:".
     """
     reward_fn = ANSWER_REWARDS[stage]
 
     def reward(completions: list, golden_answers: list[list[str]], log_metric=None, completion_ids=None,
                **_: Any) -> list[float]:
         ys = [completion_text(c) for c in completions]
+        if parse is not None:
+            ys = [y if isinstance(y, str) else "" for y in map(parse, ys)]
         clipped = [False] * len(ys)
         if clip_tokens is not None and completion_ids is not None:
             clipped = [len(ids) >= clip_tokens for ids in completion_ids]

@@ -50,10 +50,11 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     """
     work = Path(work_dir)
     tag = {"alpha": params.alpha, "l": params.max_words, "min_words": params.min_words,
-           "clipped_is_long": params.clipped_is_long}
+           "clipped_is_long": params.clipped_is_long, "y": "maps.parse_answer"}
     r1 = train_grpo(stage1, model_path, str(work / "stage1"), params.stage1,
                     answer_reward_func("stage1", params.alpha, params.max_words, params.min_words,
-                                       params.stage1.max_completion_length if params.clipped_is_long else None),
+                                       params.stage1.max_completion_length if params.clipped_is_long else None,
+                                       parse=maps.parse_answer),
                     run_tag={**tag, "reward": "Eq. 4"}, callbacks=callbacks)
     stage1_model = save_agent(r1, work / "stage1_model")
     rows = curve_rows(r1.log_history, stage="stage1")
@@ -63,7 +64,8 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     gc.collect()
     r2 = train_grpo(stage2, str(stage1_model), str(work / "stage2"), params.stage2,
                     answer_reward_func("stage2", params.alpha, params.max_words, params.min_words,
-                                       params.stage2.max_completion_length if params.clipped_is_long else None),
+                                       params.stage2.max_completion_length if params.clipped_is_long else None,
+                                       parse=maps.parse_answer),
                     run_tag={**tag, "reward": "Eq. 5"}, callbacks=callbacks)
     rows += curve_rows(r2.log_history, step_offset=params.stage1.steps, stage="stage2")
     r2.extra["stage1"] = summary1

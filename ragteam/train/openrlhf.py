@@ -92,8 +92,11 @@ def openrlhf_answer_rewards(queries: Sequence[str], prompts: Sequence[str], labe
     """(rewards, EM) for OpenRLHF samples with the answer-agent reward of `stage` (Eq. 4 / Eq. 5)."""
     reward_fn = ANSWER_REWARDS[stage]
     rewards, ems = [], []
+    from ragteam.agents.maps import parse_answer
+
     for q, p, label in zip(queries, prompts, labels, strict=True):
         y, golds = response_from_query(q, p, special_tokens), decode_label(label)
+        y = y if isinstance(y := parse_answer(y), str) else ""   # the answer as the pipeline reads it
         rewards.append(reward_fn(y, golds, alpha, max_words, min_words))
         ems.append(exact_match(y, golds))
     return rewards, ems
