@@ -12,6 +12,7 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.io import DataError, write_json
 from ragteam.llm import LLMConfig
+from ragteam.train.curves import summarize
 from ragteam.train.maps import answer_samples, train_answer_agent
 from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainAnswerParams,
                                  finish_agent, load_rows, run_openrlhf)
@@ -56,14 +57,9 @@ def run(tp: TrainAnswerParams, llm: LLMConfig, maps_cfg: MapsConfig, orl: OpenRL
                        "stage1_seconds": round(sum(r.get("step_seconds", 0.0) for r in curve
                                                    if r.get("stage") == "stage1"), 1)},
         title=f"answer agent: stage 1 (Eq. 4) steps 1-{tp.stage1.steps}, stage 2 (Eq. 5) after")
-    for st in ("stage1", "stage2"):
-        rows = [r for r in curve if r.get("stage") == st]
-        for col in ("reward", "em"):
-            ys = [r[col] for r in rows if col in r]
-            if ys:
-                q = max(len(ys) // 4, 1)
-                metrics[f"{st}_{col}_first"] = round(sum(ys[:q]) / q, 4)
-                metrics[f"{st}_{col}_last"] = round(sum(ys[-q:]) / q, 4)
+    for st in ("stage1", "stage2"):  # first/last-quarter means per stage, as for the whole curve
+        per = summarize([r for r in curve if r.get("stage") == st], 0.0, 0)
+        metrics.update({f"{st}_{k}": v for k, v in per.items() if k.split("_")[0] in ("reward", "em")})
     return metrics
 
 
