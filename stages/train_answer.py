@@ -6,16 +6,15 @@ metrics/train_answer.json. Resumes from checkpoints/train_answer after a kill.
 """
 from __future__ import annotations
 
-import sys
 
 from ragteam.agents.maps_workflow import MapsConfig
-from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.io import DataError, write_json
+from ragteam.config import ParamsError, parse_section
+from ragteam.io import DataError
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import summarize
 from ragteam.train.maps import answer_samples, train_answer_agent
 from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainAnswerParams,
-                                 finish_agent, load_rows, run_openrlhf)
+                                 finish_agent, load_rows, run_openrlhf, stage_main)
 
 STAGE, AGENT = "train_answer", "answer"
 T1 = SYNTHESIS / "t1_answer.jsonl"
@@ -83,18 +82,14 @@ def run_openrlhf_backend(tp: TrainAnswerParams, llm: LLMConfig, s1, s2, orl: Ope
     return {"backend": "openrlhf", "stage1_samples": len(s1), "stage2_samples": len(s2)}
 
 
+def from_params(params: dict) -> dict:
+    tp = parse_section(params, STAGE, TrainAnswerParams)
+    orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
+    return run(tp, parse_section(params, "llm", LLMConfig), parse_section(params, "maps", MapsConfig), orl)
+
+
 def main() -> None:
-    try:
-        params = load_params()
-        tp = parse_section(params, STAGE, TrainAnswerParams)
-        llm = parse_section(params, "llm", LLMConfig)
-        maps_cfg = parse_section(params, "maps", MapsConfig)
-        orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
-        metrics = run(tp, llm, maps_cfg, orl)
-    except (ParamsError, DataError, ValueError) as e:
-        sys.exit(f"{STAGE} FAILED (models/agents/{AGENT} left untouched): {e}")
-    write_json(f"metrics/{STAGE}.json", metrics)
-    print(f"{STAGE}: {metrics}")
+    stage_main(STAGE, AGENT, from_params)
 
 
 if __name__ == "__main__":

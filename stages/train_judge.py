@@ -4,18 +4,16 @@ metrics/train_judge.json. Resumes from checkpoints/train_judge after a kill.
 """
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
-from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.io import DataError, write_json
+from ragteam.config import ParamsError, parse_section
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import curve_rows
 from ragteam.train.maps import judge_samples
 from ragteam.train.sft import train_sft
 from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, OpenRLHFParams, TrainJudgeParams, finish_agent,
-                                 load_rows, run_openrlhf)
+                                 load_rows, run_openrlhf, stage_main)
 
 STAGE, AGENT = "train_judge", "judge"
 T3 = Path("data/judge/t3_judge.jsonl")
@@ -44,17 +42,14 @@ def run(tp: TrainJudgeParams, llm: LLMConfig, orl: OpenRLHFParams | None = None)
         title="judge agent (SFT)")
 
 
+def from_params(params: dict) -> dict:
+    tp = parse_section(params, STAGE, TrainJudgeParams)
+    orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
+    return run(tp, parse_section(params, "llm", LLMConfig), orl)
+
+
 def main() -> None:
-    try:
-        params = load_params()
-        tp = parse_section(params, STAGE, TrainJudgeParams)
-        llm = parse_section(params, "llm", LLMConfig)
-        orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
-        metrics = run(tp, llm, orl)
-    except (ParamsError, DataError, ValueError) as e:
-        sys.exit(f"{STAGE} FAILED (models/agents/{AGENT} left untouched): {e}")
-    write_json(f"metrics/{STAGE}.json", metrics)
-    print(f"{STAGE}: {metrics}")
+    stage_main(STAGE, AGENT, from_params)
 
 
 if __name__ == "__main__":

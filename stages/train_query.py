@@ -7,17 +7,16 @@ Writes models/agents/query, reports/training/train_query.csv (+ PNG), metrics/tr
 """
 from __future__ import annotations
 
-import sys
 
 from ragteam.agents.maps_workflow import MapsConfig
-from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.io import DataError, write_json
+from ragteam.config import ParamsError, parse_section
+from ragteam.io import DataError
 from ragteam.llm import EnginePool, LLMConfig
 from ragteam.train.curves import curve_rows
 from ragteam.train.grpo import train_grpo
 from ragteam.train.maps import AnswerPairs, query_reward_func, query_samples
 from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainQueryParams,
-                                 finish_agent, load_rows, run_openrlhf)
+                                 finish_agent, load_rows, run_openrlhf, stage_main)
 
 STAGE, AGENT = "train_query", "query"
 T2 = SYNTHESIS / "t2_query.jsonl"
@@ -47,9 +46,12 @@ def run(tp: TrainQueryParams, llm: LLMConfig, maps_cfg: MapsConfig, retriever_pa
                                  "retriever": retriever_path, "top_k": maps_cfg.top_k,
                                  "passage_words": maps_cfg.passage_words})
     curve = curve_rows(result.log_history)
-    zero = [r["delta_f1_zero"] for r in curve if "delta_f1_zero" in r]
-    extra = {"samples": len(samples), "delta_f1_zero_rate": round(sum(zero) / len(zero), 4) if zero else None}
-    session = {f"answer_pairs_{k}": v for k, v in pairs.stats.items()}   # this run's steps only (0 after a resume)
+    extra = {"samples": len(samples), **{f"{col}_rate": _mean_over_steps(curve, col) for col in
+                                         ("delta_f1_zero", "delta_f1_positive", "query_malformed",
+                                          "query_no_new_chunks")}}
+    # engine-side counters of this process only (all 0 after a no-op resume); the rates above come from the
+    # checkpointed log history and cover every step
+    session = {f"answer_pairs_{k}": v for k, v in pairs.stats.items()}
     return finish_agent(
         result, curve, stage=STAGE, agent=AGENT, base_model=llm.model, backend=f"trl/{tp.grpo.trainer}",
         data={"t2_query": T2, "answer_agent": ANSWER_AGENT / "model.safetensors"},
@@ -59,6 +61,11 @@ def run(tp: TrainQueryParams, llm: LLMConfig, maps_cfg: MapsConfig, retriever_pa
                "the chunks the sanitised query retrieves; a malformed query retrieves nothing (reward 0)",
         extra_metrics=extra, session_metrics=session, title="query agent (ΔF1 reward)",
         notes=f"ΔF1 was zero for {extra['delta_f1_zero_rate']} of the sampled queries (mean over steps).")
+
+
+def _mean_over_steps(curve: list[dict], col: str) -> float | None:
+    ys = [r[col] for r in curve if col in r]
+    return round(sum(ys) / len(ys), 4) if ys else None
 
 
 def _identity(path) -> str:
@@ -83,18 +90,15 @@ def run_openrlhf_backend(tp, llm, maps_cfg, retriever_path, samples, orl) -> dic
     return {"backend": "openrlhf", "samples": len(samples)}
 
 
+def from_params(params: dict) -> dict:
+    tp = parse_section(params, STAGE, TrainQueryParams)
+    orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
+    return run(tp, parse_section(params, "llm", LLMConfig), parse_section(params, "maps", MapsConfig), tp.retriever,
+               orl)
+
+
 def main() -> None:
-    try:
-        params = load_params()
-        tp = parse_section(params, STAGE, TrainQueryParams)
-        llm = parse_section(params, "llm", LLMConfig)
-        maps_cfg = parse_section(params, "maps", MapsConfig)
-        orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
-        metrics = run(tp, llm, maps_cfg, tp.retriever, orl)
-    except (ParamsError, DataError, ValueError) as e:
-        sys.exit(f"{STAGE} FAILED (models/agents/{AGENT} left untouched): {e}")
-    write_json(f"metrics/{STAGE}.json", metrics)
-    print(f"{STAGE}: {metrics}")
+    stage_main(STAGE, AGENT, from_params)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ def test_answer_pairs_give_delta_f1_from_batched_cached_answers():
     # Ann Lee's passage -> "Paris" (+1); Cy Dow's -> "Oslo" (0: as wrong as before); malformed -> no
     # retrieval (0); Rome's passage -> "Rome" (0)
     assert out == pytest.approx([1.0, 0.0, 0.0, 0.0])
-    assert logged == {"delta_f1_zero": pytest.approx(0.75)}
+    assert logged == {"delta_f1_zero": pytest.approx(0.75), "delta_f1_positive": pytest.approx(0.25),
+                      "query_malformed": pytest.approx(0.25), "query_no_new_chunks": pytest.approx(0.25)}
     # one engine call, greedy: y_n once for the shared pool + one per distinct new pool (3 queries retrieved)
     assert engine.log == [("answer_agent", 4)]
     assert pairs.stats["format_errors"] == 1 and pairs.stats["answers_generated"] == 4
@@ -149,6 +150,14 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     mq = train_query.run(qp, llm, cfg, "unused", retriever=RETRIEVER)
     assert (tmp_path / "models/agents/query/model.safetensors").is_file()
     assert 0.0 <= mq["delta_f1_zero_rate"] <= 1.0 and mq["answer_pairs_queries"] == 2 * 2
+    rates = {k: mq[k] for k in ("delta_f1_zero_rate", "delta_f1_positive_rate", "query_malformed_rate",
+                                "query_no_new_chunks_rate")}
+    assert all(0.0 <= v <= 1.0 for v in rates.values())
+    assert "query_no_new_chunks" in (tmp_path / "reports/training/train_query.csv").read_text().splitlines()[0]
+    # a no-op resume keeps the per-step rates (checkpointed log history); only this process's counters are 0
+    mq2 = train_query.run(qp, llm, cfg, "unused", retriever=RETRIEVER)
+    assert mq2["resumed_from_step"] == 2 and mq2["answer_pairs_queries"] == 0
+    assert {k: mq2[k] for k in rates} == rates
     assert "ΔF1 was zero" in (tmp_path / "models/agents/query/README.md").read_text()
 
     # label_judge with a scripted "trained answer agent": right on Ann Lee, wrong on Bob Ray, unanimously
@@ -191,6 +200,20 @@ def test_stages_name_their_missing_inputs(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"data/judge/t3_judge.jsonl: missing .*stage label_judge"):
         train_judge.run(TrainJudgeParams(sft=SFTParams(batch_size=1, lr=1e-3, max_length=64, save_steps=1)),
                         LLMConfig())
+
+
+def test_stage_main_exits_with_the_stage_and_agent_and_writes_no_metrics(tmp_path, monkeypatch):
+    from stages import train_answer, train_judge, train_query
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("train_answer: {alpha: 0.5}\n")  # no stage1/stage2, no llm section
+    for mod, stage, agent in ((train_answer, "train_answer", "answer"), (train_query, "train_query", "query"),
+                              (train_judge, "train_judge", "judge")):
+        with pytest.raises(SystemExit) as e:
+            mod.main()
+        assert str(e.value).startswith(f"{stage} FAILED (models/agents/{agent} left untouched): ")
+        assert stage in str(e.value).split(": ", 1)[1]  # the params error names the section
+        assert not (tmp_path / "metrics" / f"{stage}.json").exists()
 
 
 def test_openrlhf_backend_dry_run_writes_jobs_and_stops(smollm2_dir, tmp_path, monkeypatch):

@@ -169,7 +169,8 @@ def test_query_reward_is_delta_f1_of_the_answers_with_and_without_the_new_chunks
             log_metric=lambda k, v: logged.setdefault(k, v), trainer_state=None)
     assert out == pytest.approx([1.0, 0.0, -1.0])
     assert calls[0] == (["capital France", "q2", "q3"], metas)
-    assert logged == {"delta_f1_zero": pytest.approx(1 / 3)}
+    # a plain callable keeps no AnswerPairs.stats: only the reward shares are logged
+    assert logged == {"delta_f1_zero": pytest.approx(1 / 3), "delta_f1_positive": pytest.approx(1 / 3)}
 
 
 def test_grpo_with_lora_on_the_top_layers_saves_a_plain_model(tiny_llm, tmp_path):

@@ -14,7 +14,8 @@ CURVE_KEYS = {
     "reward": "reward", "reward_std": "reward_std", "loss": "loss", "kl": "kl", "em": "em", "words": "words",
     "completions/mean_length": "completion_tokens", "entropy": "entropy", "mean_token_accuracy": "token_accuracy",
     "grad_norm": "grad_norm", "learning_rate": "lr", "step_time": "step_seconds", "delta_f1_zero": "delta_f1_zero",
-    "clipped": "clipped",
+    "clipped": "clipped", "delta_f1_positive": "delta_f1_positive", "query_malformed": "query_malformed",
+    "query_no_new_chunks": "query_no_new_chunks",
 }
 
 

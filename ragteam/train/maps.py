@@ -78,16 +78,25 @@ def query_reward_func(answer_pairs: Callable[[list[str], list[dict[str, Any]]], 
 
     `answer_pairs(queries, metas)` returns (y_{n+1}, y_n): the frozen answer agent's answers with and without the
     chunks each query retrieves, computed in batched engine calls (and cached per (question, pool)) by the caller;
-    `metas` are the samples' `meta` dicts (question, query pool, ...). The share of zero rewards is logged.
+    `metas` are the samples' `meta` dicts (question, query pool, ...). Logged per step (so they survive a resume in
+    the trainer's log history): the shares of zero and positive rewards and, where `answer_pairs` keeps
+    `AnswerPairs.stats`, the shares of malformed queries and of queries that added no new chunk.
     """
 
     def delta_f1_reward(completions: list, golden_answers: list[list[str]], meta: list[str], log_metric=None,
                         **_: Any) -> list[float]:
         queries = [completion_text(c) for c in completions]
+        stats = getattr(answer_pairs, "stats", None)
+        before = dict(stats) if stats is not None else None
         y_next, y_prev = answer_pairs(queries, [json.loads(m) for m in meta])
         rewards = [delta_f1(a, b, g) for a, b, g in zip(y_next, y_prev, golden_answers, strict=True)]
         if log_metric is not None:
-            log_metric("delta_f1_zero", sum(r == 0 for r in rewards) / max(len(rewards), 1))
+            n = max(len(rewards), 1)
+            log_metric("delta_f1_zero", sum(r == 0 for r in rewards) / n)
+            log_metric("delta_f1_positive", sum(r > 0 for r in rewards) / n)
+            if before is not None:
+                log_metric("query_malformed", (stats["format_errors"] - before["format_errors"]) / n)
+                log_metric("query_no_new_chunks", (stats["no_new_chunks"] - before["no_new_chunks"]) / n)
         return rewards
 
     return delta_f1_reward

@@ -6,15 +6,16 @@ resumable checkpoints in `checkpoints/<stage>` (NOT DVC outs: DVC would delete t
 """
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from ragteam.config import Strict
-from ragteam.io import DataError, read_jsonl
+from ragteam.config import ParamsError, Strict, load_params
+from ragteam.io import DataError, read_jsonl, write_json
 from ragteam.train.checkpoints import TrainResult, save_agent
 from ragteam.train.curves import summarize, write_curves
 from ragteam.train.grpo import GRPOParams
@@ -136,3 +137,17 @@ class Timer:
 
     def __call__(self) -> float:
         return round(time.perf_counter() - self.t0, 1)
+
+
+def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Entry point of a training stage: `body(params)` trains and returns the metrics, written to metrics/<stage>.json.
+
+    Bad params or data end the process with one line naming the stage, and the agent's previous outs stay as they
+    were (the agent is written atomically, last); the metrics file is written only after a successful run.
+    """
+    try:
+        metrics = body(load_params())
+    except (ParamsError, DataError, ValueError) as e:
+        sys.exit(f"{stage} FAILED ({AGENTS / agent} left untouched): {e}")
+    write_json(f"metrics/{stage}.json", metrics)
+    print(f"{stage}: {metrics}")
