@@ -6,7 +6,6 @@ metrics/train_answer.json. Resumes from checkpoints/train_answer after a kill.
 """
 from __future__ import annotations
 
-
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, parse_section
 from ragteam.io import DataError

@@ -7,7 +7,6 @@ Writes models/agents/query, reports/training/train_query.csv (+ PNG), metrics/tr
 """
 from __future__ import annotations
 
-
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, parse_section
 from ragteam.io import DataError

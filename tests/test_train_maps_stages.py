@@ -216,6 +216,14 @@ def test_stage_main_exits_with_the_stage_and_agent_and_writes_no_metrics(tmp_pat
         assert not (tmp_path / "metrics" / f"{stage}.json").exists()
 
 
+def test_openrlhf_answer_backend_rejects_clipped_is_long():
+    # OpenRLHF's reward sees decoded text only, so a cut-off rollout cannot be penalised there: refuse, don't ignore
+    grpo = GRPOParams(**TINY)
+    with pytest.raises(ValueError, match="clipped_is_long needs the completion token ids"):
+        TrainAnswerParams(alpha=0.5, max_words=5, clipped_is_long=True, backend="openrlhf", stage1=grpo, stage2=grpo)
+    assert TrainAnswerParams(alpha=0.5, max_words=5, clipped_is_long=True, stage1=grpo, stage2=grpo).backend == "trl"
+
+
 def test_openrlhf_backend_dry_run_writes_jobs_and_stops(smollm2_dir, tmp_path, monkeypatch):
     from stages import train_answer
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ragteam.config import ParamsError, Strict, load_params
 from ragteam.io import DataError, read_jsonl, write_json
@@ -46,6 +46,14 @@ class TrainAnswerParams(AnswerAgentParams):
     backend: Backend = "trl"
     stage1_top_k: int = Field(3, ge=1)
     stage2_top_k: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _clip_needs_token_ids(self) -> TrainAnswerParams:
+        # OpenRLHF hands the reward decoded text only: whether a rollout was cut at the token budget is unknown there
+        if self.backend == "openrlhf" and self.clipped_is_long:
+            raise ValueError("clipped_is_long needs the completion token ids, which only the trl backend passes to "
+                             "the reward; set clipped_is_long: false with backend: openrlhf")
+        return self
 
 
 class TrainQueryParams(Strict):
