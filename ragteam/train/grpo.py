@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragteam.config import Strict
 from ragteam.eval.metrics import exact_match
-from ragteam.rewards.maps import ANSWER_REWARDS, length_penalty
+from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
 
 Messages = list[dict[str, str]]
@@ -79,42 +79,34 @@ def completion_text(completion: str | Messages) -> str:
     return "".join(m.get("content", "") for m in completion).strip()
 
 
-def answer_reward_func(stage: Literal["stage1", "stage2"], alpha: float, max_words: int,
-                       min_words: int = 0, clip_tokens: int | None = None,
-                       parse: Callable[[str], Any] | None = None) -> Callable[..., list[float]]:
-    """The TRL reward callable for the answer agent: Eq. 4 (stage1) or Eq. 5 (stage2) per completion.
+def answer_reward_func(reward: AnswerReward, clip_tokens: int | None = None) -> Callable[..., list[float]]:
+    """The TRL reward callable for the answer agent: `reward` (Eq. 4 or Eq. 5 on the parsed answer) per completion.
 
-    TRL passes the dataset's `golden_answers` column (aligned with the completions) as a kwarg. EM is logged as
-    the metric `em` next to TRL's `reward`. `clip_tokens` (= max_completion_length; None = off): a completion
-    that used all of them was cut off, its real length is unknown, so L(y) = -1 as for an over-long answer.
-    Without it, short generation budgets let a policy earn the length term with answers that never end.
-    `parse` (the MAPS recipes pass `maps.parse_answer`): y is the answer as the pipeline reads it; an output it
-    rejects (e.g. a bare "Answer:") is the empty answer. Scoring the raw text let a policy collapse to "Answer:".
+    TRL passes the dataset's `golden_answers` column (aligned with the completions) as a kwarg. EM, words and the
+    share of clipped and answer-less outputs are logged next to TRL's `reward`. `clip_tokens`
+    (= max_completion_length; None = off): a completion that used all of them was cut off, its real length is
+    unknown, so L(y) = -1 as for an over-long answer. Without it, short generation budgets let a policy earn the
+    length term with answers that never end.
     """
-    reward_fn = ANSWER_REWARDS[stage]
 
-    def reward(completions: list, golden_answers: list[list[str]], log_metric=None, completion_ids=None,
-               **_: Any) -> list[float]:
-        ys = [completion_text(c) for c in completions]
-        if parse is not None:
-            ys = [y if isinstance(y, str) else "" for y in map(parse, ys)]
-        clipped = [False] * len(ys)
+    def reward_func(completions: list, golden_answers: list[list[str]], log_metric=None, completion_ids=None,
+                    **_: Any) -> list[float]:
+        texts = [completion_text(c) for c in completions]
+        clipped = [False] * len(texts)
         if clip_tokens is not None and completion_ids is not None:
             clipped = [len(ids) >= clip_tokens for ids in completion_ids]
+        scored = [reward(t, g, c) for t, g, c in zip(texts, golden_answers, clipped)]
+        ys = [y for _, y in scored]
         if log_metric is not None:
-            log_metric("em", sum(exact_match(y, g) for y, g in zip(ys, golden_answers)) / max(len(ys), 1))
-            log_metric("words", sum(len(y.split()) for y in ys) / max(len(ys), 1))
-            log_metric("clipped", sum(clipped) / max(len(ys), 1))
-        out = []
-        for y, g, c in zip(ys, golden_answers, clipped):
-            r = reward_fn(y, g, alpha, max_words, min_words)
-            if c and length_penalty(y, max_words, min_words) == 0.0:
-                r -= 1.0   # L(y) = -1: the answer did not end within the budget
-            out.append(r)
-        return out
+            n = max(len(ys), 1)
+            log_metric("em", sum(exact_match(y, g) for y, g in zip(ys, golden_answers)) / n)
+            log_metric("words", sum(len(y.split()) for y in ys) / n)
+            log_metric("clipped", sum(clipped) / n)
+            log_metric("no_answer", sum(not y for y in ys) / n)
+        return [r for r, _ in scored]
 
-    reward.__name__ = reward_fn.__name__  # TRL logs rewards/<__name__>/mean
-    return reward
+    reward_func.__name__ = ANSWER_REWARDS[reward.equation].__name__  # TRL logs rewards/<__name__>/mean
+    return reward_func
 
 
 def validate_samples(rows: Sequence[GRPOSample | dict], model: type[BaseModel] = GRPOSample) -> list:
