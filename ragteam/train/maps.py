@@ -154,6 +154,25 @@ def judge_samples(rows: Sequence[dict], where: str = "t3") -> list[SFTSample]:
     return out
 
 
+def oversample_labels(samples: Sequence[SFTSample]) -> list[SFTSample]:
+    """Every label as often as the most frequent one: the minority's rows repeated in order (deterministic).
+
+    With unanimity labels the judge data is ~95 % `Insufficient`; SFT on it learns to say the majority label.
+    Repeats get ids `<id>#r<k>` so a row's copies stay traceable. A label with no rows stays absent.
+    """
+    by_label: dict[str, list[SFTSample]] = {}
+    for s in samples:
+        by_label.setdefault(s.completion, []).append(s)
+    if not by_label:
+        return []
+    target = max(len(v) for v in by_label.values())
+    out = list(samples)
+    for rows in by_label.values():
+        out += [rows[i % len(rows)].model_copy(update={"id": f"{rows[i % len(rows)].id}#r{i // len(rows) + 1}"})
+                for i in range(target - len(rows))]
+    return out
+
+
 # ---- ΔF1: the frozen answer agent with and without a query's chunks (Eq. 7) ------------------------------------
 
 def _pool_key(question: str, pool: QueryPool) -> str:

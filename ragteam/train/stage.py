@@ -70,6 +70,8 @@ class LabelJudgeParams(Strict):
 
     n_samples: int = Field(16, ge=2)
     metric: Literal["em", "acc"] = "em"   # what "correct" means (the paper: EM)
+    sufficient_min: int | None = Field(None, ge=1)  # >= this many correct -> Sufficient (None = all: unanimity)
+    insufficient_max: int = Field(0, ge=0)          # <= this many correct -> Insufficient (the paper: 0)
     temperature: float = Field(gt=0)
     max_new_tokens: int = Field(ge=1)
     seed: int = 0
@@ -81,6 +83,7 @@ class TrainJudgeParams(Strict):
     """params.yaml `train_judge` (SFT, loss on the assistant turn only)."""
 
     backend: Backend = "trl"
+    balance: Literal["none", "oversample"] = "none"  # oversample: repeat the minority label's rows up to the majority
     sft: SFTParams
 
 
