@@ -16,6 +16,7 @@ from ragteam.agents.debate import run_debate
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.config import Strict
 from ragteam.eval import stats
+from ragteam.eval.stats import BootstrapConfig
 from ragteam.eval.metrics import answer_metrics
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
@@ -37,14 +38,6 @@ class SystemSpec(Strict):
     trained_agents: bool = False              # maps: roles listed in eval.agents use those checkpoints
     base_roles: list[MapsRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
-
-
-class BootstrapConfig(Strict):
-    """Percentile bootstrap over questions (`ragteam.eval.stats`)."""
-
-    resamples: int = Field(10_000, ge=100)
-    seed: int = 0
-    level: float = Field(0.95, gt=0, lt=1)
 
 
 class EvalConfig(Strict):

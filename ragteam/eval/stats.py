@@ -17,10 +17,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
+
+from ragteam.config import Strict
 
 BLOCK = 4_000_000  # counts-matrix cells built at once: bounds memory for many resamples of many questions
 
 Statistic = Callable[[np.ndarray], np.ndarray]  # counts (B, N) -> value per resample (B,)
+
+
+class BootstrapConfig(Strict):
+    """Params of a percentile bootstrap over questions (eval.bootstrap, eval_agents.bootstrap)."""
+
+    resamples: int = Field(10_000, ge=100)
+    seed: int = 0
+    level: float = Field(0.95, gt=0, lt=1)
 
 
 @dataclass(frozen=True)
