@@ -160,3 +160,31 @@ def test_params_section_and_dvc_stage():
     assert outs == [str(stage.QUESTIONS), str(stage.REPORT)]
     assert [next(iter(m)) for m in st["metrics"]] == [str(stage.METRICS)]
     assert all(v["cache"] is False for o in st["outs"] for v in o.values())   # git-tracked: readable per experiment
+
+
+@pytest.mark.slow
+def test_real_model_as_its_own_trained_agent_gains_nothing(tmp_path, smollm2_dir, shared_data):
+    """SmolLM2 as base AND trained checkpoint, greedy: every difference is exactly 0 and none is significant (the
+    real engine path: prompts, greedy sampling, parsers, ΔF1 through AnswerPairs, BM25 over the shared corpus)."""
+    from helpers_agents import Bm25Retriever, smollm2_engine
+
+    from ragteam.data.formats import load_qa
+
+    rows = [json.loads(x) for x in (shared_data / "corpus" / "mini_wiki.jsonl").read_text().splitlines()]
+    bench = tmp_path / "benchmarks"
+    write_jsonl(bench / "hotpotqa.jsonl", load_qa(shared_data / "benchmarks" / "hotpotqa" / "dev.jsonl")[:2])
+    engine = smollm2_engine(str(smollm2_dir))
+    pool = EnginePool(EngineConfig(), loader=lambda path, cfg: engine)
+    llm = LLMConfig(sampling={"default": {"max_new_tokens": 8}, "judge_agent": {"max_new_tokens": 6}})
+    same = {a: str(smollm2_dir) for a in ("answer", "query", "judge")}
+    summary = stage.run(llm, MapsConfig(top_k=1, passage_words=20), EvalAgentsConfig(bootstrap={"resamples": 200}),
+                        same, benchmarks=bench, metrics=tmp_path / "m.json", questions=tmp_path / "q.json",
+                        report=tmp_path / "r.md", retriever=Bm25Retriever(rows), engines=pool)
+    for agent, metrics in agents.TESTED.items():
+        for m in metrics:
+            d = summary["avg"][agent]["diff"][m]
+            assert (d["diff"], d["lo"], d["hi"], d["significant"]) == (0.0, 0.0, 0.0, False), (agent, m)
+            assert summary["hotpotqa"][agent]["base"][m] == summary["hotpotqa"][agent]["trained"][m]
+    per = json.loads((tmp_path / "q.json").read_text())["benchmarks"]["hotpotqa"]
+    assert len(per["ids"]) == 2 and len(per["query"]["trained"]["delta_f1"]) == 2
+    assert per["judge"]["base"]["reference"] == [float(x) for x in per["answer"]["trained"]["acc"]]
