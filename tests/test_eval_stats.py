@@ -66,12 +66,13 @@ def test_determinism_under_seed():
     assert np.array_equal(draws[0], draws[1]) and not np.array_equal(draws[0], draws[2])
 
 
-def test_blocks_do_not_change_the_resample_count_or_counts_per_row(monkeypatch):
+def test_blocks_and_groups_of_resampled_indices(monkeypatch):
     monkeypatch.setattr(stats, "BLOCK", 10 * 7)            # 10 resamples of 7 questions per block
-    d = stats.bootstrap_draws(lambda c: c.sum(axis=1), [3, 4], resamples=25, seed=0)
-    assert d.shape == (25,) and set(d) == {7.0}            # every resample draws 3 + 4 questions
-    c = stats.resample_counts([3, 4], 1000, np.random.default_rng(0))
-    assert (c[:, :3].sum(1) == 3).all() and (c[:, 3:].sum(1) == 4).all()
+    d = stats.bootstrap_draws(lambda idx: idx.shape[1] + 0 * idx[:, 0], [3, 4], resamples=25, seed=0)
+    assert d.shape == (25,) and set(d) == {7}              # every resample draws 3 + 4 questions
+    idx = stats.resample_indices([3, 4], 1000, np.random.default_rng(0))
+    assert idx.shape == (1000, 7)
+    assert set(idx[:, :3].ravel()) == {0, 1, 2} and set(idx[:, 3:].ravel()) == {3, 4, 5, 6}   # within each group
 
 
 def test_groups_are_resampled_within_themselves_and_averaged_unweighted():
@@ -92,9 +93,9 @@ def test_balanced_accuracy_statistic():
     iv = stats.statistic_interval(stats.balanced_accuracy_statistic(right, positive), 4, resamples=200)
     assert iv.estimate == 50.0
     always_no = stats.balanced_accuracy_statistic([0, 1, 1, 1, 1], [True, False, False, False, False])
-    assert always_no(np.ones((1, 5)))[0] == 0.5
+    assert always_no(np.arange(5)[None, :])[0] == 0.5
     only_neg = stats.balanced_accuracy_statistic([1, 0], [False, False])     # one class present: its recall
-    assert only_neg(np.ones((1, 2)))[0] == 0.5
+    assert only_neg(np.arange(2)[None, :])[0] == 0.5
     d = stats.difference(stats.balanced_accuracy_statistic([1, 1, 1, 1], positive),
                          stats.balanced_accuracy_statistic(right, positive), 4, resamples=500)
     assert d.diff == 50.0
@@ -106,7 +107,9 @@ def test_ten_thousand_resamples_take_milliseconds():
     stats.paired_diff(a, b, resamples=100)                 # warm-up
     t = time.perf_counter()
     stats.paired_diff(a, b, sizes=[100] * 4, resamples=10_000)
-    assert time.perf_counter() - t < 1.0                   # ~0.1 s on a busy 2-core machine
+    # 4 M resampled scores: ~0.03 s on an idle core, 0.2 s on the shared 2-core CI box; a per-resample Python loop
+    # takes seconds
+    assert time.perf_counter() - t < 2.0
 
 
 def test_bad_input_is_named():

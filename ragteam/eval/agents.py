@@ -114,8 +114,8 @@ def judge_scores(texts: Sequence[str], reference: Sequence[bool]) -> dict[str, f
 def _judge_summary(q: Mapping[str, list[float]]) -> dict[str, float]:
     n = len(q["right"])
     bal = stats.balanced_accuracy_statistic(q["right"], q["reference"])
-    ones = stats.np.ones((1, n))
-    return {"accuracy": _pct(sum(q["right"]), n), "balanced_accuracy": round(100 * float(bal(ones)[0]), 2) + 0.0,
+    everyone = stats.np.arange(n)[None, :]  # every question once: the data as drawn
+    return {"accuracy": _pct(sum(q["right"]), n), "balanced_accuracy": round(100 * float(bal(everyone)[0]), 2) + 0.0,
             "said_sufficient": _pct(sum(q["sufficient"]), n), "malformed": _pct(sum(q["malformed"]), n),
             "reference_sufficient": _pct(sum(q["reference"]), n)}
 

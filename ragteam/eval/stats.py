@@ -1,11 +1,11 @@
 """Uncertainty for evaluation numbers: percentile bootstrap intervals over questions, paired bootstrap differences
 between two systems on the same questions, and mean ± sd with a t-interval over training seeds.
 
-Every bootstrap here is one matrix of resample counts: row r says how often each question was drawn in resample r
-(`resample_counts`). A statistic maps that matrix to one value per row, so a mean is a matrix-vector product and
-10,000 resamples of a few hundred questions take milliseconds. Questions may come in groups (benchmarks): each group
-is resampled within itself (a stratified bootstrap), and the statistic is the unweighted mean over groups, the way
-the report's "avg" column averages benchmarks. A paired difference resamples the question indices jointly, so both
+Every bootstrap here is one matrix of resampled question indices: row r lists the questions drawn in resample r
+(`resample_indices`). A statistic maps that matrix to one value per row, so a mean is one gather and one row mean,
+and 10,000 resamples of a few hundred questions take milliseconds. Questions may come in groups (benchmarks): each
+group is resampled within itself (a stratified bootstrap), and the statistic is the unweighted mean over groups, the
+way the report's "avg" column averages benchmarks. A paired difference resamples the question indices jointly, so both
 systems see the same resampled questions.
 
 Scores per question are in [0, 1] (EM, F1, accuracy) or [-1, 1] (a difference, ΔF1); results are in percent.
@@ -21,9 +21,9 @@ from pydantic import Field
 
 from ragteam.config import Strict
 
-BLOCK = 4_000_000  # counts-matrix cells built at once: bounds memory for many resamples of many questions
+BLOCK = 4_000_000  # resampled indices built at once: bounds memory for many resamples of many questions
 
-Statistic = Callable[[np.ndarray], np.ndarray]  # counts (B, N) -> value per resample (B,)
+Statistic = Callable[[np.ndarray], np.ndarray]  # indices (B, N) -> value per resample (B,)
 
 
 class BootstrapConfig(Strict):
@@ -71,13 +71,11 @@ def _sizes(n: int | Sequence[int]) -> list[int]:
     return [int(s) for s in sizes]
 
 
-def resample_counts(sizes: Sequence[int], resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """(resamples, sum(sizes)) counts: each group of questions drawn with replacement, its own size times."""
-    blocks = []
-    for n in sizes:
-        idx = rng.integers(0, n, size=(resamples, n)) + np.arange(resamples)[:, None] * n
-        blocks.append(np.bincount(idx.ravel(), minlength=resamples * n).reshape(resamples, n))
-    return np.hstack(blocks).astype(np.float64)
+def resample_indices(sizes: Sequence[int], resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """(resamples, sum(sizes)) question indices: the columns of each group hold draws, with replacement, from that
+    group's own index range, as many as the group has questions."""
+    return np.hstack([start + rng.integers(0, n, size=(resamples, n), dtype=np.int32)
+                      for start, n in zip(np.cumsum([0, *sizes]), sizes)])
 
 
 def bootstrap_draws(statistic: Statistic, sizes: int | Sequence[int], resamples: int = 10_000,
@@ -88,7 +86,7 @@ def bootstrap_draws(statistic: Statistic, sizes: int | Sequence[int], resamples:
         raise ValueError(f"resamples must be >= 1 (got {resamples})")
     rng = np.random.default_rng(seed)
     block = max(1, BLOCK // sum(sizes))
-    out = [statistic(resample_counts(sizes, min(block, resamples - start), rng))
+    out = [statistic(resample_indices(sizes, min(block, resamples - start), rng))
            for start in range(0, resamples, block)]
     return np.concatenate(out)
 
@@ -98,9 +96,9 @@ def _bounds(sizes: Sequence[int]) -> list[slice]:
     return [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
 
 
-def group_means(counts: np.ndarray, x: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
-    """(B, G): the mean of x within each group under each resample (every group keeps its size)."""
-    return np.stack([counts[:, s] @ x[s] / (s.stop - s.start) for s in _bounds(sizes)], axis=1)
+def group_means(idx: np.ndarray, x: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """(B, G): the mean of x within each group under each resample."""
+    return np.stack([np.take(x, idx[:, s]).mean(axis=1) for s in _bounds(sizes)], axis=1)
 
 
 def mean_statistic(x: Sequence[float] | np.ndarray, sizes: Sequence[int] | None = None) -> Statistic:
@@ -109,7 +107,9 @@ def mean_statistic(x: Sequence[float] | np.ndarray, sizes: Sequence[int] | None 
     sizes = _sizes(len(x) if sizes is None else sizes)
     if sum(sizes) != len(x):
         raise ValueError(f"group sizes {sizes} do not add up to {len(x)} scores")
-    return lambda counts: group_means(counts, x, sizes).mean(axis=1)
+    if len(sizes) == 1:
+        return lambda idx: np.take(x, idx).mean(axis=1)
+    return lambda idx: group_means(idx, x, sizes).mean(axis=1)
 
 
 def balanced_accuracy_statistic(right: Sequence[float], positive: Sequence[bool],
@@ -118,16 +118,16 @@ def balanced_accuracy_statistic(right: Sequence[float], positive: Sequence[bool]
     counts with the other class's recall alone (as a balanced accuracy over the classes present)."""
     right = np.asarray(right, dtype=np.float64)
     pos = np.asarray(positive, dtype=np.float64)
-    neg = 1.0 - pos
     sizes = _sizes(len(right) if sizes is None else sizes)
 
-    def stat(counts: np.ndarray) -> np.ndarray:
+    def stat(idx: np.ndarray) -> np.ndarray:
         per_group = []
         for s in _bounds(sizes):
-            c = counts[:, s]
-            n_pos, n_neg = c @ pos[s], c @ neg[s]
-            r_pos = np.divide(c @ (right[s] * pos[s]), n_pos, out=np.zeros_like(n_pos), where=n_pos > 0)
-            r_neg = np.divide(c @ (right[s] * neg[s]), n_neg, out=np.zeros_like(n_neg), where=n_neg > 0)
+            r, p = right[idx[:, s]], pos[idx[:, s]]
+            n_pos = p.sum(axis=1)
+            n_neg = p.shape[1] - n_pos
+            r_pos = np.divide((r * p).sum(axis=1), n_pos, out=np.zeros_like(n_pos), where=n_pos > 0)
+            r_neg = np.divide((r * (1 - p)).sum(axis=1), n_neg, out=np.zeros_like(n_neg), where=n_neg > 0)
             per_group.append((r_pos + r_neg) / np.maximum((n_pos > 0).astype(float) + (n_neg > 0), 1))
         return np.stack(per_group, axis=1).mean(axis=1)
 
@@ -149,7 +149,7 @@ def statistic_interval(statistic: Statistic, sizes: int | Sequence[int], resampl
                        level: float = 0.95) -> Interval:
     """Point estimate (the statistic on the data as drawn) and its percentile bootstrap interval, in percent."""
     sizes = _sizes(sizes)
-    estimate = statistic(np.ones((1, sum(sizes))))[0]
+    estimate = statistic(np.arange(sum(sizes))[None, :])[0]  # every question once: the data as drawn
     lo, hi = percentile_interval(bootstrap_draws(statistic, sizes, resamples, seed), level)
     return Interval(_pct(estimate), _pct(lo), _pct(hi), sum(sizes))
 
@@ -173,8 +173,9 @@ def paired_diff(a: Sequence[float], b: Sequence[float], sizes: Sequence[int] | N
     """Mean of a - b over the same questions (a[i], b[i] score question i), with its paired-bootstrap interval."""
     if len(a) != len(b):
         raise ValueError(f"paired scores need the same questions: {len(a)} vs {len(b)} scores")
-    n = len(a) if sizes is None else sizes
-    return difference(mean_statistic(a, sizes), mean_statistic(b, sizes), n, resamples, seed, level)
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)  # a mean of differences: one gather
+    iv = statistic_interval(mean_statistic(d, sizes), len(d) if sizes is None else sizes, resamples, seed, level)
+    return Difference(iv.estimate, iv.lo, iv.hi, iv.n, iv.excludes_zero())
 
 
 @dataclass(frozen=True)
