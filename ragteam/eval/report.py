@@ -88,8 +88,8 @@ def differences_rule(resamples: int, seed: int, level: float) -> str:
             f"a − b (percentage points). **Bold †**: 0 lies outside the interval, the only case where this report "
             f"claims a difference. Avg: each benchmark resampled within itself, unweighted mean of the "
             f"per-benchmark differences. With n questions one question moves EM by 100/n points; with fewer than "
-            f"~20 questions the percentile bootstrap tends to be too narrow rather than too wide, and the pairs are not "
-            f"corrected for multiple comparisons.")
+            f"~20 questions the percentile bootstrap tends to be too narrow rather than too wide, and the pairs are "
+            f"not corrected for multiple comparisons.")
 
 
 def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mapping[str, object],
