@@ -61,6 +61,74 @@ def profile_apply(name: str, params: Path = Path("params.yaml")) -> None:
     typer.echo(f"{params}: applied profile {name!r} ({len(changed)} values changed)")
 
 
+replicate_app = typer.Typer(no_args_is_help=True, help="Seed replicates of the MAPS training stages.")
+app.add_typer(replicate_app, name="replicate")
+
+
+@replicate_app.command("flags")
+def replicate_flags(seed: int) -> None:
+    """Print `-S` flags setting every MAPS training seed, for `dvc exp run --queue $(ragteam replicate flags 1)`."""
+    from ragteam.eval.replicate import seed_flags
+
+    typer.echo(" ".join(seed_flags(seed)))
+
+
+@replicate_app.command("summarize")
+def replicate_summarize(
+    exp_json: Optional[Path] = typer.Option(None, "--exp-json", help="saved `dvc exp show --json` output "
+                                            "(default: run it here)"),
+    exp: Optional[list[str]] = typer.Option(None, "--exp", help="only these experiments (names or revisions)"),
+    metrics: Optional[list[Path]] = typer.Option(None, "--metrics", help="instead of experiments: eval_agents "
+                                                 "metrics files, one per replicate (per-question scores read from "
+                                                 "<file>.questions.json beside each, when present)"),
+    out_md: Path = typer.Option(Path("reports/replicate.md"), help="the report"),
+    out_json: Path = typer.Option(Path("metrics/replicate.json"), help="the summary as JSON"),
+    resamples: int = typer.Option(10_000, help="bootstrap resamples of the pooled interval"),
+    seed: int = typer.Option(0, help="bootstrap seed"),
+) -> None:
+    """Per agent and benchmark, base vs trained over seed replicates: mean ± sd of the gain, t-interval, signs,
+    pooled paired bootstrap -> reports/replicate.md and metrics/replicate.json."""
+    import subprocess
+
+    from ragteam.eval import replicate as rep
+    from ragteam.eval.stats import BootstrapConfig
+    from ragteam.io import atomic_file, write_json
+
+    def read_json(path: Path) -> dict:
+        return json.loads(path.read_text())
+
+    cfg = BootstrapConfig(resamples=resamples, seed=seed)
+    try:
+        if metrics:
+            runs = [rep.Run(str(m), metrics=read_json(m), questions=read_json(m.with_suffix(".questions.json"))
+                            if m.with_suffix(".questions.json").is_file() else None) for m in metrics]
+            notes: list[str] = []
+        else:
+            if exp_json:
+                entries = json.loads(exp_json.read_text())
+            else:
+                done = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True)
+                if done.returncode:
+                    raise ValueError(f"dvc exp show --json failed: {done.stderr.strip()[-500:]}")
+                entries = json.loads(done.stdout)
+
+            def questions(rev: str) -> dict | None:
+                got = subprocess.run(["git", "show", f"{rev}:{rep.QUESTIONS_FILE}"], capture_output=True, text=True)
+                return json.loads(got.stdout) if got.returncode == 0 else None
+
+            runs, notes = rep.runs_from_exp_show(entries, questions, select=exp)
+        notes += rep.check_runs(runs)
+        summary = rep.summarize_replicates(runs, cfg)
+    except (ValueError, OSError) as e:
+        typer.echo(f"ERROR {e}", err=True)
+        raise typer.Exit(1)
+    md = rep.report_markdown(summary, notes, cfg)
+    write_json(out_json, summary)
+    with atomic_file(out_md) as f:
+        f.write(md)
+    typer.echo(md)
+
+
 flow_app = typer.Typer(no_args_is_help=True, help="Run the dvc.yaml stages as a Prefect flow.")
 app.add_typer(flow_app, name="flow")
 

@@ -1,8 +1,10 @@
 """Stage evaluate: every system of `eval.systems` on the first `eval.n_questions` of each benchmark.
 
 Writes results/eval/<system>/<benchmark>.jsonl (Episodes: every agent call, prompt, parse, tokens, retrieved ids),
-metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc in % + cost per question}}), reports/eval.md (MAPS Table 1
-layout + cost columns) and reports/figures/eval_*.png. Outputs are swapped in only when every system finished.
+metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc in % + cost per question + em_ci/f1_ci bootstrap intervals}}),
+metrics/eval_compare.json (paired-bootstrap differences for the eval.compare pairs), reports/eval.md (MAPS Table 1
+layout + cost columns, intervals, differences) and reports/figures/eval_*.png. Outputs are swapped in only when every
+system finished.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from pathlib import Path
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
-from ragteam.eval.evaluate import EvalConfig, make_team, run_system, summarize, with_average
+from ragteam.eval.evaluate import (EvalConfig, add_intervals, compare_systems, comparison_pairs, make_team,
+                                   question_scores, run_system, summarize, with_average)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, write_json
@@ -24,6 +27,7 @@ from ragteam.records import write_episodes
 BENCHMARKS = Path("data/prepared/benchmarks")
 RESULTS = Path("results/eval")
 METRICS = Path("metrics/eval.json")
+DIFFERENCES = Path("metrics/eval_compare.json")
 REPORT = Path("reports/eval.md")
 FIGURES = Path("reports/figures")
 
@@ -41,7 +45,7 @@ def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[d
 
 def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
         results: Path = RESULTS, report: Path = REPORT, figures: Path = FIGURES, retriever=None,
-        engines: EnginePool | None = None) -> dict:
+        engines: EnginePool | None = None, differences: Path = DIFFERENCES) -> dict:
     """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject)."""
     t0 = time.perf_counter()
     qa = load_benchmarks(ev, benchmarks)
@@ -54,6 +58,7 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
     # All benchmarks of a system run as one batch: every step is one engine call over all their questions.
     rows = [dict(r, _benchmark=b) for b, rs in qa.items() for r in rs]
     metrics: dict = {}
+    scores: dict = {}  # system -> benchmark -> em/f1 per question, for the bootstrap
     with atomic_dir(results) as tmp:
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
@@ -66,7 +71,8 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
                     e.meta["benchmark"] = b
                 write_episodes(tmp / name / f"{b}.jsonl", mine)
                 per[b] = summarize(mine)
-            metrics[name] = with_average(per)
+                scores.setdefault(name, {})[b] = question_scores(mine)
+            metrics[name] = add_intervals(with_average(per), scores[name], ev.bootstrap)
             a = metrics[name]["avg"]
             print(f"evaluate: {name}: EM {a['em']:.2f} F1 {a['f1']:.2f} on {len(rows)} questions, "
                   f"{time.perf_counter() - ts:.1f} s, engine calls {team.calls}", flush=True)
@@ -79,8 +85,11 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
                        f"{maps_cfg.fixed_rounds}, max_chunks {maps_cfg.max_chunks}",
                "trained agents": dict(ev.agents) or "none (every role uses the base model)",
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
+    diffs = compare_systems(scores, comparison_pairs(ev.systems, ev.compare), ev.bootstrap)
+    write_json(differences, diffs)
     md = report_markdown(metrics, benches, context,
-                         [os.path.relpath(p, report.parent) for p in (cost_png, scores_png)])
+                         [os.path.relpath(p, report.parent) for p in (cost_png, scores_png)], diffs,
+                         ev.bootstrap.model_dump())
     with atomic_file(report) as f:
         f.write(md)
     publish_prefect_artifact(md)

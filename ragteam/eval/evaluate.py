@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import run_debate
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.config import Strict
+from ragteam.eval import stats
+from ragteam.eval.stats import BootstrapConfig
 from ragteam.eval.metrics import answer_metrics
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
@@ -47,6 +49,18 @@ class EvalConfig(Strict):
     systems: dict[str, SystemSpec]
     agents: dict[MapsRole, str] = Field(default_factory=dict)  # trained MAPS agent checkpoints (by role)
     baselines: BaselineConfig = BaselineConfig()
+    # [a, b] pairs: paired bootstrap of a - b per benchmark and on the average; None: `comparison_pairs` derives them
+    compare: list[tuple[str, str]] | None = None
+    bootstrap: BootstrapConfig = BootstrapConfig()
+
+    @model_validator(mode="after")
+    def _compare_names_systems(self):
+        for i, pair in enumerate(self.compare or []):
+            unknown = [x for x in pair if x not in self.systems]
+            if unknown or pair[0] == pair[1]:
+                raise ValueError(f"eval.compare[{i}] = {list(pair)}: " + (f"{unknown} not in eval.systems "
+                                 f"({sorted(self.systems)})" if unknown else "a system compared with itself"))
+        return self
 
 
 def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
@@ -114,4 +128,82 @@ def with_average(per_benchmark: Mapping[str, Mapping[str, float]]) -> dict[str, 
         keys = next(iter(per_benchmark.values())).keys()
         out["avg"] = {k: round(_mean([v[k] for v in per_benchmark.values()]), 3) for k in keys}
         out["avg"]["n"] = sum(v["n"] for v in per_benchmark.values())
+    return out
+
+
+# ---- uncertainty: intervals per system x benchmark, paired differences between systems ---------------------------
+
+INTERVAL_KEYS = ("em", "f1")
+
+
+def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequence[str]] | None = None
+                     ) -> list[tuple[str, str]]:
+    """[a, b] pairs whose difference a - b the report tests; `compare` (eval.compare) wins when given.
+
+    Derived rule, each pair oriented as (more trained, less trained): X_trained vs X for every system name that has
+    both; every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
+    (no trained_agents, no fixed_rounds); the full trained MAPS system vs each ablation (trained_agents with
+    base_roles, same fixed_rounds), so a positive difference is what the ablated trained agent adds.
+    """
+    if compare is not None:
+        return [(a, b) for a, b in compare]
+    pairs = [(f"{x}_trained", x) for x in systems if f"{x}_trained" in systems]
+    maps_ = {n: s for n, s in systems.items() if s.workflow == "maps"}
+    full = [n for n, s in maps_.items() if s.trained_agents and not s.base_roles and s.fixed_rounds is None]
+    untrained = [n for n, s in maps_.items() if not s.trained_agents and s.fixed_rounds is None]
+    for f in full:
+        pairs += [(f, u) for u in untrained]
+        pairs += [(f, n) for n, s in maps_.items() if s.trained_agents and s.base_roles and s.fixed_rounds is None]
+    return list(dict.fromkeys(pairs))
+
+
+def question_scores(episodes: Sequence[Episode]) -> dict[str, list[float]]:
+    """Per-question scores in [0, 1] for the bootstrap, in episode order (unscored episodes count 0, as in
+    `summarize`)."""
+    return {k: [ep.metrics.get(k, 0.0) for ep in episodes] for k in INTERVAL_KEYS}
+
+
+def _flat(per_bench: Mapping[str, Mapping[str, list[float]]], key: str) -> tuple[list[float], list[int]]:
+    xs = [per_bench[b][key] for b in per_bench]
+    return [v for x in xs for v in x], [len(x) for x in xs]
+
+
+def add_intervals(summary: dict[str, dict], scores: Mapping[str, Mapping[str, list[float]]],
+                  cfg: BootstrapConfig) -> dict[str, dict]:
+    """Add `<key>_ci: [lo, hi]` (percent) to every benchmark summary and to "avg" (benchmarks resampled
+    separately, unweighted mean of their means: the avg column's statistic)."""
+    for b, per in scores.items():
+        for k in INTERVAL_KEYS:
+            iv = stats.mean_ci(per[k], resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
+            summary[b][f"{k}_ci"] = [iv.lo, iv.hi]
+    if "avg" in summary and scores:
+        for k in INTERVAL_KEYS:
+            xs, sizes = _flat(scores, k)
+            iv = stats.mean_ci(xs, sizes, resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
+            summary["avg"][f"{k}_ci"] = [iv.lo, iv.hi]
+    return summary
+
+
+def compare_systems(scores: Mapping[str, Mapping[str, Mapping[str, list[float]]]],
+                    pairs: Sequence[tuple[str, str]], cfg: BootstrapConfig) -> dict[str, dict]:
+    """{"a vs b": {"a", "b", benchmark | "avg": {"n", em/f1: {diff, lo, hi, n, significant}}}}: paired bootstrap
+    of a - b over the questions both systems answered (the same rows, in the same order)."""
+    out: dict[str, dict] = {}
+    for a, b in pairs:
+        sa, sb = scores[a], scores[b]
+        if list(sa) != list(sb) or any(len(sa[x]["em"]) != len(sb[x]["em"]) for x in sa):
+            raise ValueError(f"compare {a!r} with {b!r}: they were not run on the same questions")
+        res: dict = {"a": a, "b": b}
+        for bench in sa:
+            res[bench] = {"n": len(sa[bench]["em"])}
+            for k in INTERVAL_KEYS:
+                d = stats.paired_diff(sa[bench][k], sb[bench][k], resamples=cfg.resamples, seed=cfg.seed,
+                                      level=cfg.level)
+                res[bench][k] = d.to_dict()
+        res["avg"] = {"n": sum(len(sa[x]["em"]) for x in sa)}
+        for k in INTERVAL_KEYS:
+            (xa, sizes), (xb, _) = _flat(sa, k), _flat(sb, k)
+            d = stats.paired_diff(xa, xb, sizes, resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
+            res["avg"][k] = d.to_dict()
+        out[f"{a} vs {b}"] = res
     return out

@@ -44,9 +44,59 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
     return "\n".join(lines)
 
 
+def _with_ci(m: Mapping, key: str) -> str:
+    ci = m.get(f"{key}_ci")
+    return f"{_num(m[key])} [{_num(ci[0])}, {_num(ci[1])}]" if ci else _num(m[key])
+
+
+def interval_table_markdown(metrics: Mapping, benchmarks: Sequence[str]) -> str:
+    """Rows = systems; "EM [lo, hi]" and "F1 [lo, hi]" per benchmark and on the average (bootstrap interval)."""
+    cols = [*benchmarks, "avg"]
+    head = ["Method"] + [f"{display(b) if b != 'avg' else 'Avg'} {k}" for b in cols for k in ("EM", "F1")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for system, per in metrics.items():
+        cells = [system]
+        for b in cols:
+            cells += [_with_ci(per[b], "em"), _with_ci(per[b], "f1")] if b in per else ["–", "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _diff_cell(d: Mapping) -> str:
+    sign = "+" if d["diff"] > 0 else ""
+    text = f"{sign}{_num(d['diff'])} [{_num(d['lo'])}, {_num(d['hi'])}]"
+    return f"**{text}** †" if d["significant"] else text
+
+
+def differences_markdown(differences: Mapping, benchmarks: Sequence[str]) -> str:
+    """One row per (pair, benchmark | avg): ΔEM and ΔF1 = a - b with the paired-bootstrap interval; † = 0 is
+    outside it."""
+    lines = ["| a − b | benchmark | n | ΔEM [CI] | ΔF1 [CI] |", "|---|---|---:|---:|---:|"]
+    for res in differences.values():
+        for b in [*benchmarks, "avg"]:
+            if b in res:
+                d = res[b]
+                lines.append(f"| {res['a']} − {res['b']} | {display(b) if b != 'avg' else 'Avg'} | {d['n']} | "
+                             f"{_diff_cell(d['em'])} | {_diff_cell(d['f1'])} |")
+    return "\n".join(lines)
+
+
+def differences_rule(resamples: int, seed: int, level: float) -> str:
+    pct = f"{100 * level:g} %"
+    return (f"Paired bootstrap over questions ({resamples:,} resamples, seed {seed}): both systems are scored on the "
+            f"same resampled questions, and the interval is the central {pct} of the resampled mean difference "
+            f"a − b (percentage points). **Bold †**: 0 lies outside the interval, the only case where this report "
+            f"claims a difference. Avg: each benchmark resampled within itself, unweighted mean of the "
+            f"per-benchmark differences. With n questions one question moves EM by 100/n points; with fewer than "
+            f"~20 questions the percentile bootstrap tends to be too narrow rather than too wide, and the pairs are "
+            f"not corrected for multiple comparisons.")
+
+
 def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mapping[str, object],
-                    plots: Sequence[str] = ()) -> str:
-    """The whole reports/eval.md: the table, how it was made, and the plots (paths relative to the report)."""
+                    plots: Sequence[str] = (), differences: Mapping | None = None,
+                    bootstrap: Mapping | None = None) -> str:
+    """The whole reports/eval.md: the table, how it was made, the intervals and paired differences (when given),
+    and the plots (paths relative to the report)."""
     n = {b: int(next(iter(metrics.values()))[b]["n"]) for b in benchmarks} if metrics else {}
     parts = ["# Evaluation", "",
              "EM / F1 / Acc in percent (FlashRAG normalisation, max over golden answers; Acc = a gold answer is "
@@ -55,6 +105,15 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
              "calls, wall seconds.", "",
              table_markdown(metrics, benchmarks), "",
              "Questions per benchmark: " + ", ".join(f"{display(b)} {n[b]}" for b in benchmarks) + ".", ""]
+    boot = {"resamples": 10_000, "seed": 0, "level": 0.95, **(bootstrap or {})}
+    if metrics and "em_ci" in next(iter(metrics.values()))["avg"]:
+        parts += [f"## Scores with {100 * boot['level']:g} % intervals", "",
+                  f"Percentile bootstrap over questions ({boot['resamples']:,} resamples, seed {boot['seed']}); "
+                  f"Avg resamples each benchmark within itself.", "",
+                  interval_table_markdown(metrics, benchmarks), ""]
+    if differences:
+        parts += ["## Differences", "", differences_markdown(differences, benchmarks), "",
+                  differences_rule(boot["resamples"], boot["seed"], boot["level"]), ""]
     if context:
         parts += ["| setting | value |", "|---|---|"]
         parts += [f"| {k} | {v} |" for k, v in context.items()]
