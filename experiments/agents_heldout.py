@@ -33,7 +33,7 @@ from ragteam.agents import maps  # noqa: E402
 from ragteam.agents.maps_workflow import MapsConfig  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
-from ragteam.data.synthesis import sample_answers, single_retrieval_pools  # noqa: E402
+from ragteam.train.synthesis import sample_answers, single_retrieval_pools  # noqa: E402
 from ragteam.eval.metrics import accuracy, exact_match, f1_score  # noqa: E402
 from ragteam.llm import EnginePool, LLMConfig, SamplingConfig  # noqa: E402
 from ragteam.retrieval import open_retriever  # noqa: E402

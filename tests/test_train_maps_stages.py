@@ -15,7 +15,7 @@ from ragteam.retrieval.base import Hit
 from ragteam.train.grpo import GRPOParams
 from ragteam.train.maps import AnswerPairs, answer_samples, judge_samples, query_reward_func, query_samples
 from ragteam.train.sft import SFTParams
-from ragteam.train.stage import LabelJudgeParams, TrainAnswerParams, TrainJudgeParams, TrainQueryParams
+from stages.common import LabelJudgeParams, TrainAnswerParams, TrainJudgeParams, TrainQueryParams
 
 PASSAGES = [("Ann Lee", "Ann Lee was born in Paris."), ("Paris", "Paris is a city in France."),
             ("Bob Ray", "Bob Ray was born in Rome."), ("Rome", "Rome is a city in Italy."),
@@ -227,7 +227,7 @@ def test_openrlhf_answer_backend_rejects_clipped_is_long():
 def test_openrlhf_backend_dry_run_writes_jobs_and_stops(smollm2_dir, tmp_path, monkeypatch):
     from stages import train_answer
 
-    from ragteam.train.stage import OpenRLHFParams
+    from stages.common import OpenRLHFParams
 
     monkeypatch.chdir(tmp_path)
     _synthesis(tmp_path)
@@ -257,7 +257,7 @@ def test_paper_profile_dry_run_builds_the_papers_grpo_commands(smollm2_dir, tmp_
 
     from ragteam.config import deep_merge, load_params, parse_section
     from ragteam.profiles import load_profile
-    from ragteam.train.stage import OpenRLHFParams
+    from stages.common import OpenRLHFParams
 
     repo = Path(__file__).resolve().parents[1]
     params = deep_merge(load_params(repo / "params.yaml"), load_profile("paper", repo / "profiles"))

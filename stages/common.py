@@ -1,4 +1,5 @@
-"""What the four MAPS training stages share: params sections, backends, the agent save with card and curves.
+"""What the MAPS training stages share (stage glue, not library): params sections, backends, the agent save with
+card and curves, the entry point.
 
 Paths follow one layout (dvc.yaml): agents in `models/agents/<agent>` (DVC outs, registered as artifacts),
 resumable checkpoints in `checkpoints/<stage>` (NOT DVC outs: DVC would delete them before a rerun), curves in
