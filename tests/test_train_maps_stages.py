@@ -181,8 +181,13 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     mj = train_judge.run(jp, llm)
     assert (tmp_path / "models/agents/judge/model.safetensors").is_file()
     assert mj["samples"] == 2 and mj["label_sufficient"] == 1 and mj["steps"] == 2
-    # TRL runs log their step times too (kept in the checkpointed history: the card's time survives a resume)
-    assert "step_seconds" in (tmp_path / "reports/training/train_judge.csv").read_text().splitlines()[0]
+    # TRL runs log their step times too (kept in the checkpointed history: the metrics' time survives a resume);
+    # wall time goes to the metrics only, never to the agent, its card or the curve file
+    assert mj["seconds"] > 0 and mj["seconds_per_step"] > 0
+    assert "step_seconds" not in (tmp_path / "reports/training/train_judge.csv").read_text().splitlines()[0]
+    for agent in ("answer", "query", "judge"):
+        d = tmp_path / "models/agents" / agent
+        assert "seconds" not in (d / "README.md").read_text() and "seconds" not in (d / "ragteam-train.json").read_text()
 
 
 def test_stages_name_their_missing_inputs(tmp_path, monkeypatch):
