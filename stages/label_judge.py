@@ -10,11 +10,11 @@ from pathlib import Path
 
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.data import synthesis
 from ragteam.data.validate import Limits, ValidationFailed, check_files
 from ragteam.io import DataError, atomic_dir, write_json, write_jsonl
 from ragteam.llm import EnginePool, LLMConfig
-from ragteam.train.stage import AGENTS, SYNTHESIS, LabelJudgeParams, Timer, load_rows
+from ragteam.train import synthesis
+from stages.common import AGENTS, SYNTHESIS, LabelJudgeParams, Timer, load_rows
 
 STAGE = "label_judge"
 CANDIDATES = SYNTHESIS / "judge_candidates.jsonl"

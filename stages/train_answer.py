@@ -13,7 +13,7 @@ from ragteam.io import DataError
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import summarize
 from ragteam.train.maps import answer_samples, train_answer_agent
-from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainAnswerParams,
+from stages.common import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainAnswerParams,
                                  finish_agent, load_rows, run_openrlhf, stage_main)
 
 STAGE, AGENT = "train_answer", "answer"

@@ -12,7 +12,7 @@ from ragteam.llm import LLMConfig
 from ragteam.train.curves import curve_rows
 from ragteam.train.maps import judge_samples, oversample_labels
 from ragteam.train.sft import train_sft
-from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, OpenRLHFParams, TrainJudgeParams, finish_agent,
+from stages.common import (AGENTS, CHECKPOINTS, JOBS, OpenRLHFParams, TrainJudgeParams, finish_agent,
                                  load_rows, run_openrlhf, stage_main)
 
 STAGE, AGENT = "train_judge", "judge"

@@ -180,9 +180,9 @@ def test_end_to_end_every_system_with_smollm2_on_shared_hotpotqa(tmp_path, smoll
         assert len(eps) == 3 and all(isinstance(e.final_answer, str) for e in eps)
         for e in eps:
             assert e.calls and all(c.prompt_tokens > 0 and c.completion_tokens > 0 for c in e.calls)
-            assert e.cost["llm_calls"] == len(e.calls) and e.cost["seconds"] > 0
+            assert e.cost["llm_calls"] == len(e.calls) and "seconds" not in e.cost  # wall time: metrics only
             assert set(e.metrics) == {"em", "f1", "acc"}
-        assert 0 <= metrics[system]["avg"]["f1"] <= 100
+        assert 0 <= metrics[system]["avg"]["f1"] <= 100 and metrics[system]["avg"]["seconds"] > 0
     maps_eps = read_episodes(tmp_path / "res" / "maps" / "hotpotqa.jsonl")
     for e in maps_eps:
         assert 1 <= e.meta["rounds"] <= 2 and e.queries[0] == e.question

@@ -3,8 +3,8 @@ import pytest
 from helpers_agents import KeywordRetriever, ScriptedEngine, n_queries, question_of
 
 from ragteam.agents.debate import DebateConfig
-from ragteam.data import synthesis
 from ragteam.llm import Completion, SamplingConfig, Team
+from ragteam.train import synthesis
 
 PASSAGES = [("Ann Lee", "Ann Lee was born in Paris."), ("Paris", "Paris is a city in France."),
             ("Bob Ray", "Bob Ray was born in Rome."), ("Rome", "Rome is a city in Italy."),

@@ -29,7 +29,7 @@ from pydantic import Field
 from ragteam.agents import maps
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import Strict
-from ragteam.data.synthesis import sample_answers, single_retrieval_pools
+from ragteam.train.synthesis import sample_answers, single_retrieval_pools
 from ragteam.eval import stats
 from ragteam.eval.metrics import accuracy, exact_match, f1_score
 from ragteam.eval.stats import BootstrapConfig

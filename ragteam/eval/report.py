@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ragteam.io import save_figure
+
 DISPLAY = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2Wiki", "musique": "MuSiQue", "bamboogle": "Bamboogle",
            "nq": "NQ", "popqa": "PopQA", "ambigqa": "AmbigQA", "triviaqa": "TriviaQA", "synthetic": "Synthetic"}
 ORDER = list(DISPLAY)  # the paper's column order first, then anything else alphabetically
@@ -145,7 +147,7 @@ def plot_cost_accuracy(metrics: Mapping, out_path: str | Path) -> Path:
     axes[0].set_title("accuracy vs token cost")
     axes[1].set_title("accuracy vs wall time")
     fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
+    save_figure(fig, out_path, dpi=110)
     plt.close(fig)
     return out_path
 
@@ -172,7 +174,7 @@ def plot_scores(metrics: Mapping, benchmarks: Sequence[str], out_path: str | Pat
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
+    save_figure(fig, out_path, dpi=110)
     plt.close(fig)
     return out_path
 

@@ -26,7 +26,7 @@ from ragteam.config import Strict
 from ragteam.eval.metrics import exact_match
 from ragteam.io import atomic_file, write_jsonl
 from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward
-from ragteam.train.grpo import GRPOParams, GRPOSample, validate_samples
+from ragteam.train.common import GRPOParams, GRPOSample, validate_samples
 from ragteam.train.sft import SFTParams, SFTSample
 
 INPUT_KEY, LABEL_KEY, OUTPUT_KEY = "input", "label", "output"
