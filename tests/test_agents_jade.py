@@ -1,12 +1,15 @@
 """JADE: Appendix E prompts, the plan grammar, every parser, and Algorithm 1 with a scripted engine (the paper's
 case studies of App. F replayed, batching across episodes at different nodes and modules, fallbacks, round limit)."""
+import json
+
 import pytest
-from helpers_agents import KeywordRetriever, ScriptedEngine, question_of
+from helpers_agents import Bm25Retriever, KeywordRetriever, ScriptedEngine, question_of, smollm2_engine
 
 from ragteam.agents import jade
 from ragteam.agents.core import FormatError
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
-from ragteam.llm import Team
+from ragteam.data.formats import load_qa
+from ragteam.llm import SamplingConfig, Team
 from ragteam.records import read_episodes, write_episodes
 from ragteam.retrieval.base import Hit
 
@@ -313,3 +316,18 @@ def test_parallel_sub_questions_are_solved_in_order_without_a_rewrite_and_nested
     assert ep.meta["stop_reason"] == "answered"
     (short,) = run_jade(ROWS, Team(eng), FRANCE, JadeConfig(max_rounds=5))
     assert short.meta["stop_reason"] == "max_rounds" and short.meta["trace"][-1]["answer"] is None
+
+
+@pytest.mark.slow
+def test_smollm2_runs_jade_end_to_end_and_every_malformed_call_falls_back(smollm2_dir, shared_data):
+    """The real 135M model: it rarely follows the tag formats, so this exercises the fallbacks, never a crash."""
+    corpus = [json.loads(x) for x in (shared_data / "corpus" / "mini_wiki.jsonl").read_text().splitlines()]
+    rows = load_qa(shared_data / "benchmarks" / "hotpotqa" / "dev.jsonl")[:2]
+    team = Team(smollm2_engine(str(smollm2_dir)), {"default": SamplingConfig(max_new_tokens=8)})
+    eps = run_jade(rows, team, Bm25Retriever(corpus), JadeConfig(max_rounds=2, top_k=2, passage_words=15))
+    for ep in eps:
+        assert isinstance(ep.final_answer, str) and ep.meta["stop_reason"] in ("answered", "max_rounds")
+        assert ep.calls[0].role == jade.PLANNER and ep.cost["llm_calls"] == len(ep.calls)
+        assert all(c.prompt_tokens > 0 and c.completion_tokens > 0 for c in ep.calls)
+        assert all("fallback" in c.meta for c in ep.calls if c.format_error)
+        assert 1 <= ep.meta["rounds"] <= 2 and len(ep.meta["plans"]) == ep.meta["rounds"]

@@ -4,11 +4,12 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers_agents import KeywordRetriever, ScriptedEngine
-from test_agents_jade import PASSAGES, case_reply, case_rows
+from test_agents_jade import CASE1_Q, PASSAGES, case_reply, case_rows
 
 from ragteam.agents import jade
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.config import ParamsError, deep_merge, parse_section
+from ragteam.eval import report
 from ragteam.eval.evaluate import EvalConfig, SystemSpec, role_models, run_system, summarize, with_average
 from ragteam.llm import Team
 from ragteam.records import AgentCall, Episode
@@ -106,3 +107,38 @@ def test_shipped_params_and_paper_profile_parse():
         parse_section({"jade": {"reward": {"alpha": -1}}}, "jade", JadeConfig)
     with pytest.raises(ParamsError, match=r"jade\.max_round"):
         parse_section({"jade": {"max_round": 3}}, "jade", JadeConfig)
+
+
+def test_report_shows_the_workflow_figures_of_jade_systems_only():
+    eps = run_system(SystemSpec(workflow="jade"), case_rows(), Team(ScriptedEngine(case_reply)),
+                     KeywordRetriever(PASSAGES), None, None, "jade", jade=JadeConfig(top_k=5))
+    plain = summarize([Episode(question_id="q", question="?", golden_answers=["a"])])
+    metrics = {"native": with_average({"hotpotqa": plain}), "jade": with_average({"hotpotqa": summarize(eps)})}
+    lines = report.workflow_table(metrics).splitlines()
+    assert len(lines) == 3 and lines[0].startswith("| Method | Rounds/q | Retrievals/q | DS calls/q | DS/round")
+    # 2 rounds/q, 1.5 retrievals/q, 1 DS call/q -> 0.5 per round, 1 of 4 plans decomposes, 1 of 2 questions
+    assert lines[2] == "| jade | 2.00 | 1.50 | 1.00 | 0.50 | 25.0 | 50.0 | 0.0 | 1.000 |"
+    md = report.report_markdown(metrics, ["hotpotqa"], {})
+    assert "Workflow figures (JADE App. D)" in md and "| jade | 2.00 |" in md
+    assert report.workflow_table({"native": metrics["native"]}) == ""
+
+
+def test_cli_ask_runs_jade(monkeypatch):
+    from typer.testing import CliRunner
+
+    import ragteam.llm.hf
+    import ragteam.retrieval
+    from ragteam.cli import app
+
+    class Fake(ScriptedEngine):
+        def __init__(self, path, cfg):
+            super().__init__(case_reply)
+
+    monkeypatch.setattr(ragteam.llm.hf, "HFEngine", Fake)
+    monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: KeywordRetriever(PASSAGES))
+    res = CliRunner().invoke(app, ["ask", CASE1_Q, "--system", "jade", "--params", str(REPO / "params.yaml"),
+                                   "--calls", "--index", "idx"])
+    assert res.exit_code == 0, res.output
+    assert "A: American" in res.output and "3 round(s), answered" in res.output
+    assert "[jade_planner] '<workflow>QDS</workflow>' -> ['QDS']" in res.output
+    assert res.output.count("[jade_") == 10

@@ -44,6 +44,25 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
     return "\n".join(lines)
 
 
+def workflow_table(metrics: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """JADE's own figures (App. D) for the systems that record them (`meta["workflow"]`), averaged over benchmarks:
+    rounds, retrievals and DS calls per question, DS calls per round, the share of plans that decompose (the rest
+    solve directly), of questions whose root was decomposed, of episodes stopped by the round limit, and R_global."""
+    rows = {system: per["avg"] for system, per in metrics.items() if "plans" in per["avg"]}
+    if not rows:
+        return ""
+    lines = ["| Method | Rounds/q | Retrievals/q | DS calls/q | DS/round | Decomposing plans % | Decomposed q % "
+             "| Round limit % | R_global |", "|---|" + "---:|" * 8]
+    for system, a in rows.items():
+        share = lambda x, y: _num(100 * x / y, 1) if y else "–"  # noqa: E731
+        cells = [system, _num(a["rounds"]), _num(a["retrievals"]), _num(a["ds_calls"]),
+                 _num(a["ds_calls"] / a["rounds"]) if a["rounds"] else "–", share(a["plans_decompose"], a["plans"]),
+                 _num(100 * a["decomposed"], 1), _num(100 * a["max_rounds_hit"], 1),
+                 _num(a["r_global"], 3) if "r_global" in a else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mapping[str, object],
                     plots: Sequence[str] = ()) -> str:
     """The whole reports/eval.md: the table, how it was made, and the plots (paths relative to the report)."""
@@ -55,6 +74,9 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
              "calls, wall seconds.", "",
              table_markdown(metrics, benchmarks), "",
              "Questions per benchmark: " + ", ".join(f"{display(b)} {n[b]}" for b in benchmarks) + ".", ""]
+    if workflow_table(metrics):
+        parts += ["Workflow figures (JADE App. D), means per question over all benchmarks:", "",
+                  workflow_table(metrics), ""]
     if context:
         parts += ["| setting | value |", "|---|---|"]
         parts += [f"| {k} | {v} |" for k, v in context.items()]
