@@ -142,3 +142,26 @@ def test_cli_ask_runs_jade(monkeypatch):
     assert "A: American" in res.output and "3 round(s), answered" in res.output
     assert "[jade_planner] '<workflow>QDS</workflow>' -> ['QDS']" in res.output
     assert res.output.count("[jade_") == 10
+
+
+def test_evaluate_stage_runs_jade_and_reports_its_figures(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    import stages.evaluate as stage
+    from ragteam.io import write_jsonl
+    from ragteam.agents.maps_workflow import MapsConfig
+    from ragteam.llm import EngineConfig, EnginePool, LLMConfig
+
+    bench = tmp_path / "benchmarks"
+    write_jsonl(bench / "hotpotqa.jsonl", case_rows())
+    pool = EnginePool(EngineConfig(), loader=lambda path, cfg: ScriptedEngine(case_reply))
+    ev = EvalConfig(n_questions=2, systems={"jade": {"workflow": "jade"}})
+    metrics = stage.run(LLMConfig(), MapsConfig(), ev, benchmarks=bench, results=tmp_path / "res", report=tmp_path / "r.md",
+                        figures=tmp_path / "fig", retriever=KeywordRetriever(PASSAGES), engines=pool,
+                        jade_cfg=JadeConfig(top_k=5, reward={"beta": 0.3}))
+    avg = metrics["jade"]["avg"]
+    assert avg["f1"] == 100.0 and avg["rounds"] == 2.0 and avg["r_global"] == pytest.approx(1 - 0.3 * 1.5 / 3)
+    md = (tmp_path / "r.md").read_text()
+    assert "| JADE | max_rounds 5, top_k 5, passage_words None, serial_rewrite True; reward α 0.0, β 0.3" in md
+    assert "| jade | 2.00 | 1.50 | 1.00 | 0.50 | 25.0 | 50.0 | 0.0 | 0.850 |" in md
