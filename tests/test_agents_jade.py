@@ -331,3 +331,25 @@ def test_smollm2_runs_jade_end_to_end_and_every_malformed_call_falls_back(smollm
         assert all(c.prompt_tokens > 0 and c.completion_tokens > 0 for c in ep.calls)
         assert all("fallback" in c.meta for c in ep.calls if c.format_error)
         assert 1 <= ep.meta["rounds"] <= 2 and len(ep.meta["plans"]) == ep.meta["rounds"]
+
+
+def test_base_model_experiment_counts_format_errors_per_role():
+    """experiments/jade_base_model.py: every role's prompt once per question, malformed outputs counted per role."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "jade_base_model", Path(__file__).resolve().parents[1] / "experiments" / "jade_base_model.py")
+    exp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(exp)
+    good = {jade.PLANNER: "<workflow>R,AG</workflow>", jade.QR: "<query>q</query>", jade.QDS: "<q1>a?</q1>",
+            jade.QDP: "1. a?", jade.DS: "<id>0</id>", jade.AG: "Paris", jade.AS: "<answer>x</answer>"}
+    eng = ScriptedEngine(scripted(**good))
+    probe = exp.probe_roles(Team(eng), [ROWS[0]["question"], "zzz?"], FRANCE, JadeConfig(top_k=2))
+    assert {r: (p["prompts"], p["format_errors"]) for r, p in probe.items()} == {
+        jade.PLANNER: (2, 0), jade.QR: (2, 0), jade.QDS: (2, 0), jade.QDP: (2, 2), jade.DS: (1, 0),   # "zzz?": no docs
+        jade.AG: (2, 2), jade.AS: (2, 0)}
+    assert [r for r, _ in eng.log] == list(probe) and probe[jade.AG]["example"] == "Paris"
+    eps = run_jade(ROWS, Team(ScriptedEngine(scripted(**good))), FRANCE, JadeConfig(top_k=2))
+    assert exp.per_role_errors(eps) == {jade.PLANNER: {"calls": 1, "format_errors": 0},
+                                        jade.AG: {"calls": 1, "format_errors": 1}}
