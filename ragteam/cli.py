@@ -251,12 +251,13 @@ def serve_retriever(
 def ask(
     questions: list[str] = typer.Argument(..., help="one or more questions (answered together, batched)"),
     system: str = typer.Option("maps", help="a system of eval.systems in params.yaml"),
-    params: Path = typer.Option(Path("params.yaml"), help="params file (llm, maps, eval sections)"),
+    params: Path = typer.Option(Path("params.yaml"), help="params file (llm, maps, jade, eval sections)"),
     index: Optional[str] = typer.Option(None, help="index dir or http(s) retrieval service (default: eval.retriever)"),
     calls: bool = typer.Option(False, "--calls", help="also print every agent call"),
     as_json: bool = typer.Option(False, "--json", help="print the Episodes as JSONL instead"),
 ) -> None:
     """Answer QUESTIONS with one configured system (MAPS by default): answers, rounds, cost, optionally every call."""
+    from ragteam.agents.jade_workflow import JadeConfig
     from ragteam.agents.maps_workflow import MapsConfig
     from ragteam.config import ParamsError, load_params, parse_section
     from ragteam.eval.evaluate import EvalConfig, make_team, run_system
@@ -276,7 +277,8 @@ def ask(
             retriever = open_retriever(index or ev.retriever)
         team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling)
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
-        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system)
+        jade_cfg = parse_section(p, "jade", JadeConfig) if spec.workflow == "jade" else None
+        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system, jade=jade_cfg)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:
         typer.echo(f"ERROR {e}", err=True)
         raise typer.Exit(1)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from ragteam.agents.jade_workflow import JadeConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
@@ -45,7 +46,8 @@ def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[d
 
 def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
         results: Path = RESULTS, report: Path = REPORT, figures: Path = FIGURES, retriever=None,
-        engines: EnginePool | None = None, differences: Path = DIFFERENCES) -> dict:
+        engines: EnginePool | None = None, differences: Path = DIFFERENCES,
+        jade_cfg: JadeConfig | None = None) -> dict:
     """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject)."""
     t0 = time.perf_counter()
     qa = load_benchmarks(ev, benchmarks)
@@ -63,7 +65,7 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
             team = make_team(engines, spec, ev.agents, llm.model, llm.sampling)
-            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name)
+            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name, jade=jade_cfg)
             per = {}
             for b in qa:
                 mine = [e for e, r in zip(eps, rows) if r["_benchmark"] == b]
@@ -84,6 +86,8 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
                "MAPS": f"max_rounds {maps_cfg.max_rounds}, top_k {maps_cfg.top_k}, fixed_rounds "
                        f"{maps_cfg.fixed_rounds}, max_chunks {maps_cfg.max_chunks}",
                "trained agents": dict(ev.agents) or "none (every role uses the base model)",
+               **({"JADE": _jade_context(jade_cfg or JadeConfig())}
+                  if any(s.workflow == "jade" for s in ev.systems.values()) else {}),
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
     diffs = compare_systems(scores, comparison_pairs(ev.systems, ev.compare), ev.bootstrap)
     write_json(differences, diffs)
@@ -96,13 +100,21 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
     return metrics
 
 
+def _jade_context(cfg: JadeConfig) -> str:
+    r = cfg.reward
+    return (f"max_rounds {cfg.max_rounds}, top_k {cfg.top_k}, passage_words {cfg.passage_words}, serial_rewrite "
+            f"{cfg.serial_rewrite}; reward α {r.alpha}, β {r.beta}, cost max {r.cost_max}, format penalty "
+            f"{r.format_penalty}")
+
+
 def main() -> None:
     try:
         params = load_params()
         llm = parse_section(params, "llm", LLMConfig)
         maps_cfg = parse_section(params, "maps", MapsConfig)
         ev = parse_section(params, "eval", EvalConfig)
-        metrics = run(llm, maps_cfg, ev)
+        jade_cfg = parse_section(params, "jade", JadeConfig)
+        metrics = run(llm, maps_cfg, ev, jade_cfg=jade_cfg)
     except (ParamsError, DataError) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)

@@ -9,7 +9,7 @@ import functools
 import re
 from collections.abc import Callable
 
-from ragteam.agents import baselines, maps
+from ragteam.agents import baselines, jade, maps
 from ragteam.llm import Completion, Messages, SamplingConfig
 from ragteam.retrieval.base import Hit
 
@@ -18,6 +18,8 @@ _ROLE_BY_SYSTEM = [
     (maps.ANSWER_AGENT_SYSTEM[:80], "answer_agent"), (maps.PROPONENT_SYSTEM[:40], "proponent"),
     (maps.OPPONENT_SYSTEM[:40], "opponent"), (maps.MODERATOR_SYSTEM[:40], "moderator"),
     (baselines.NATIVE_SYSTEM[:60], "generator"), (baselines.RAG_SYSTEM[:60], "generator"),
+    (jade.PLANNER_SYSTEM, jade.PLANNER), (jade.QR_SYSTEM, jade.QR), (jade.QDS_SYSTEM, jade.QDS),
+    (jade.QDP_SYSTEM, jade.QDP), (jade.DS_SYSTEM, jade.DS), (jade.AG_SYSTEM, jade.AG), (jade.AS_SYSTEM, jade.AS),
 ]
 
 

@@ -11,8 +11,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ragteam.agents import jade as jade_agents
 from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import run_debate
+from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.config import Strict
 from ragteam.eval import stats
@@ -21,12 +23,14 @@ from ragteam.eval.metrics import answer_metrics
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps"]
+Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade"]
 MapsRole = Literal["query_agent", "judge_agent", "answer_agent"]
 ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (GENERATOR,),
          "drag": ("proponent", "opponent", "moderator", "answer_agent"),
-         "maps": ("query_agent", "judge_agent", "answer_agent")}
+         "maps": ("query_agent", "judge_agent", "answer_agent"),
+         "jade": jade_agents.ROLES}
 SCORE_KEYS = ("em", "f1", "acc")
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
 
@@ -38,6 +42,7 @@ class SystemSpec(Strict):
     trained_agents: bool = False              # maps: roles listed in eval.agents use those checkpoints
     base_roles: list[MapsRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
+    model: str | None = None                  # every role of the workflow on this checkpoint (jointly trained teams)
 
 
 class EvalConfig(Strict):
@@ -65,6 +70,8 @@ class EvalConfig(Strict):
 
 def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
     """role -> checkpoint for the roles that do not use the base model."""
+    if spec.model is not None:
+        return dict.fromkeys(ROLES[spec.workflow], spec.model)
     if not spec.trained_agents:
         return {}
     return {role: path for role, path in agents.items() if role not in spec.base_roles}
@@ -76,8 +83,11 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
 
 
 def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None, maps_cfg: MapsConfig,
-               baselines: BaselineConfig, name: str) -> list[Episode]:
-    """Run one system's workflow on `rows` (all questions batched together) and score the Episodes."""
+               baselines: BaselineConfig, name: str, jade: JadeConfig | None = None) -> list[Episode]:
+    """Run one system's workflow on `rows` (all questions batched together) and score the Episodes.
+
+    JADE episodes with golden answers also get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported.
+    """
     if spec.workflow != "native" and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
     if spec.workflow == "native":
@@ -88,6 +98,13 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         eps = run_iter_retgen(rows, team, retriever, baselines, system=name)
     elif spec.workflow == "drag":
         eps = run_debate(rows, team, retriever, maps_cfg.debate, answer=True, system=name)
+    elif spec.workflow == "jade":
+        jade = jade or JadeConfig()
+        eps = score_episodes(run_jade(rows, team, retriever, jade, system=name))
+        for ep in eps:
+            if ep.golden_answers:
+                assign_jade_rewards(ep, jade.reward)
+        return eps
     else:
         cfg = maps_cfg if spec.fixed_rounds is None else maps_cfg.model_copy(update={"fixed_rounds": spec.fixed_rounds})
         eps = run_maps(rows, team, retriever, cfg, system=name)
@@ -118,6 +135,11 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
         out[k] = round(_mean(vals), 3)
     calls = [c for ep in episodes for c in ep.calls]
     out["format_error_rate"] = round(_mean([c.format_error is not None for c in calls]), 4)
+    # per-question workflow figures a system records in meta["workflow"] (JADE: rounds, retrievals, DS calls, plans,
+    # decompositions, R_global), averaged where every episode has them; other systems just lack these keys
+    shared = set.intersection(*(set(ep.meta.get("workflow", {})) for ep in episodes)) if episodes else set()
+    for k in sorted(shared):
+        out[k] = round(_mean([float(ep.meta["workflow"][k]) for ep in episodes]), 4)
     return out
 
 

@@ -64,6 +64,25 @@ def interval_table_markdown(metrics: Mapping, benchmarks: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def workflow_table(metrics: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """JADE's own figures (App. D) for the systems that record them (`meta["workflow"]`), averaged over benchmarks:
+    rounds, retrievals and DS calls per question, DS calls per round, the share of plans that decompose (the rest
+    solve directly), of questions whose root was decomposed, of episodes stopped by the round limit, and R_global."""
+    rows = {system: per["avg"] for system, per in metrics.items() if "plans" in per["avg"]}
+    if not rows:
+        return ""
+    lines = ["| Method | Rounds/q | Retrievals/q | DS calls/q | DS/round | Decomposing plans % | Decomposed q % "
+             "| Round limit % | R_global |", "|---|" + "---:|" * 8]
+    for system, a in rows.items():
+        share = lambda x, y: _num(100 * x / y, 1) if y else "–"  # noqa: E731
+        cells = [system, _num(a["rounds"]), _num(a["retrievals"]), _num(a["ds_calls"]),
+                 _num(a["ds_calls"] / a["rounds"]) if a["rounds"] else "–", share(a["plans_decompose"], a["plans"]),
+                 _num(100 * a["decomposed"], 1), _num(100 * a["max_rounds_hit"], 1),
+                 _num(a["r_global"], 3) if "r_global" in a else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _diff_cell(d: Mapping) -> str:
     sign = "+" if d["diff"] > 0 else ""
     text = f"{sign}{_num(d['diff'])} [{_num(d['lo'])}, {_num(d['hi'])}]"
@@ -116,6 +135,9 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
     if differences:
         parts += ["## Differences", "", differences_markdown(differences, benchmarks), "",
                   differences_rule(boot["resamples"], boot["seed"], boot["level"]), ""]
+    if workflow_table(metrics):
+        parts += ["Workflow figures (JADE App. D), means per question over all benchmarks:", "",
+                  workflow_table(metrics), ""]
     if context:
         parts += ["| setting | value |", "|---|---|"]
         parts += [f"| {k} | {v} |" for k, v in context.items()]
