@@ -274,9 +274,14 @@ def ask(
             from ragteam.retrieval import open_retriever
 
             retriever = open_retriever(index or ev.retriever)
+        qagent_cfg = None
+        if spec.workflow.startswith("qagent"):
+            from ragteam.agents.qagent_workflow import QAgentConfig
+
+            qagent_cfg = parse_section(p, "qagent", QAgentConfig)
         team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling)
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
-        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system)
+        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system, qagent_cfg)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:
         typer.echo(f"ERROR {e}", err=True)
         raise typer.Exit(1)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ragteam.agents.maps_workflow import MapsConfig
+from ragteam.agents.qagent_workflow import QAgentConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.eval.evaluate import (EvalConfig, add_intervals, compare_systems, comparison_pairs, make_team,
@@ -45,8 +46,10 @@ def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[d
 
 def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
         results: Path = RESULTS, report: Path = REPORT, figures: Path = FIGURES, retriever=None,
-        engines: EnginePool | None = None, differences: Path = DIFFERENCES) -> dict:
+        engines: EnginePool | None = None, differences: Path = DIFFERENCES,
+        qagent_cfg: QAgentConfig | None = None) -> dict:
     """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject)."""
+    qagent_cfg = qagent_cfg or QAgentConfig()
     t0 = time.perf_counter()
     qa = load_benchmarks(ev, benchmarks)
     needs_retrieval = any(s.workflow != "native" for s in ev.systems.values())
@@ -63,7 +66,7 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
             team = make_team(engines, spec, ev.agents, llm.model, llm.sampling)
-            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name)
+            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name, qagent_cfg)
             per = {}
             for b in qa:
                 mine = [e for e, r in zip(eps, rows) if r["_benchmark"] == b]
@@ -84,6 +87,9 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
                "MAPS": f"max_rounds {maps_cfg.max_rounds}, top_k {maps_cfg.top_k}, fixed_rounds "
                        f"{maps_cfg.fixed_rounds}, max_chunks {maps_cfg.max_chunks}",
                "trained agents": dict(ev.agents) or "none (every role uses the base model)",
+               **({"QAgent": f"max_turns {qagent_cfg.max_turns}, max_queries {qagent_cfg.max_queries}, top_k "
+                             f"{qagent_cfg.top_k} per query, passage_words {qagent_cfg.passage_words}"}
+                  if any(s.workflow.startswith("qagent") for s in ev.systems.values()) else {}),
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
     diffs = compare_systems(scores, comparison_pairs(ev.systems, ev.compare), ev.bootstrap)
     write_json(differences, diffs)
@@ -102,7 +108,7 @@ def main() -> None:
         llm = parse_section(params, "llm", LLMConfig)
         maps_cfg = parse_section(params, "maps", MapsConfig)
         ev = parse_section(params, "eval", EvalConfig)
-        metrics = run(llm, maps_cfg, ev)
+        metrics = run(llm, maps_cfg, ev, qagent_cfg=parse_section(params, "qagent", QAgentConfig))
     except (ParamsError, DataError) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)
