@@ -14,7 +14,7 @@ from ragteam.agents.qagent_workflow import (QAgentConfig, generator_messages, kn
                                             trajectory_text, trajectory_tokens)
 from ragteam.eval.evaluate import EvalConfig, SystemSpec, run_system, summarize
 from ragteam.llm import SamplingConfig, Team, chat_text
-from ragteam.rewards.qagent import format_ok, qagent_reward_stage2, score_stage1, score_stage2
+from ragteam.rewards.qagent import format_ok, qagent_reward_stage2, qagent_rewards_stage1, qagent_rewards_stage2
 from ragteam.retrieval.base import Hit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,14 +247,14 @@ def test_stage1_reward_is_format_gate_times_strict_em():
     ordered = [eps[k] for k in "ABCDE"]
     # A: format ok, "Poughkeepsie" = gold; C: format ok but "zq Paris" is not strictly "Paris";
     # D: right answer, no <reflection> after <information> -> gated; B, E: never answered
-    assert score_stage1(ordered) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert qagent_rewards_stage1(ordered) == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert [e.calls[-1].reward for e in ordered] == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
 def test_stage2_reward_is_generator_contains_em_plus_half_hit_in_one_batched_call():
     eps, eng, _ = _run()
     ordered = [eps[k] for k in "ABCDE"]
-    rewards = score_stage2(ordered, Team(eng))
+    rewards = qagent_rewards_stage2(ordered, Team(eng))
     assert eng.steps("answer_agent") == [5]
     # A: G "Poughkeepsie, New York" contains the gold (1) + Hit: the <information> holds it (0.5)
     # B: G "Denver" (0), nothing in τ says Colorado (0); C: G "Paris" (1) + "zq Paris" in τ (0.5)
@@ -286,7 +286,7 @@ def test_evaluate_stage_runs_both_systems_and_reports_passages(tmp_path):
     # end to end: A and D right (contains), C contains Paris; F1 from the project's metrics
     assert metrics["qagent"]["avg"]["acc"] == 60.0 and metrics["qagent"]["avg"]["em"] == 40.0
     assert metrics["qagent_plugin"]["avg"]["acc"] == 60.0                 # A, C, E: G's answers contain the gold
-    assert metrics["qagent"]["avg"]["passages"] == metrics["qagent_plugin"]["avg"]["passages"] == (2 + 3 + 0 + 0 + 0) / 5
+    assert metrics["qagent"]["avg"]["passages"] == metrics["qagent_plugin"]["avg"]["passages"] == (2 + 3) / 5
     table = (tmp_path / "r.md").read_text()
     assert "Passages/q" in table and "| qagent_plugin |" in table and "max_turns 3" in table
 

@@ -49,7 +49,7 @@ def qagent_reward_stage2(generator_answer: str, trajectory: str, golden_answers:
     return accuracy(generator_answer, golden_answers) + hit_weight * hit(trajectory, golden_answers)
 
 
-def score_stage1(episodes: Sequence[Episode]) -> list[float]:
+def qagent_rewards_stage1(episodes: Sequence[Episode]) -> list[float]:
     """Eq. 7 for every episode; each reward is also written on the episode's last agent call."""
     out = []
     for ep in episodes:
@@ -59,7 +59,7 @@ def score_stage1(episodes: Sequence[Episode]) -> list[float]:
     return out
 
 
-def score_stage2(episodes: Sequence[Episode], team: Team, passage_words: int | None = None,
+def qagent_rewards_stage2(episodes: Sequence[Episode], team: Team, passage_words: int | None = None,
                  hit_weight: float = 0.5) -> list[float]:
     """Eq. 8-10 for a group (or any batch) of episodes: one batched call of the frozen generator (`team`'s
     answer_agent) over every (q, K), recorded as an AgentCall of its episode (meta reward="stage2"); the reward is
