@@ -83,6 +83,7 @@ def test_prompt_is_table_5_with_the_question_filled_in():
     assert "such as <search>\n <query>query1</query>\n <query>query2</query>\n\n <query>queryk</query>\n </search>." \
         in text                                                                           # \n escapes = newlines
     assert text.endswith("The answer, “xxx”, should be a few short words.\nQuestion: Who wrote Hamlet?.")
+    assert not any(stop in qagent.PROMPT_RETHINK for stop in qagent.STOP_STRINGS)  # parroting it cannot stop a turn
     assert qagent.continue_messages("q", "") == qagent.agent_messages("q")
     assert qagent.continue_messages("q", "<plan>")[-1] == {"role": "assistant", "content": "<plan>"}
 

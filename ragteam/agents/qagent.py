@@ -14,7 +14,9 @@ The prompt is the user message; the chat template's default system prompt is kep
 Not in the paper, designed here (see `fallback_turn`, `PROMPT_RETHINK`, `information_block`):
 - `prompt_rethink`, the retry text of Algorithm 1: PROMPT_RETHINK, written in the agent's first person because it
   is appended inside the agent's own turn (the framing of Search-R1's invalid-action message, on which QAgent's
-  framework is based), restating QAgent's tag protocol.
+  framework is based), restating QAgent's tag protocol. It names the tags but writes no closing tag: a model that
+  parrots it must not hit the `</search>` / `</answer>` stop strings (measured with an earlier wording that did:
+  the base SmolLM2 copied it and "searched" for the word "and").
 - The `<information>` layout: Search-R1's (`\\n\\n<information>Doc i(Title: t) text\\n...</information>`), passages
   of all queries of the turn numbered in order (Eq. 5: the results of the sub-queries concatenated), closed by one
   newline where Search-R1 has two: a trailing `\\n\\n` tokenises as one token at the end of a prompt but as two
@@ -79,10 +81,10 @@ STOP_STRINGS = (SEARCH_END, ANSWER_END)
 MAX_QUERIES = 3  # "search multiple queries (no more than 3)"
 
 # Algorithm 1's `prompt_rethink` (text not stated in the paper; designed here, see the module docstring).
-PROMPT_RETHINK = ("\nMy previous action is invalid. If I need more information, I should plan within <plan> and "
-                  "</plan>, then put at most 3 queries, each between <query> and </query>, inside <search> and "
-                  "</search>. If I have enough information, I should give the final answer between <answer> and "
-                  "</answer>. Let me try again.\n")
+PROMPT_RETHINK = ("\nMy previous action is invalid. If I need more information, I should first write a plan in a "
+                  "<plan> block, then search with at most 3 queries, each in its own <query> block, all inside one "
+                  "<search> block. If I have enough information, I should give the final answer in an <answer> "
+                  "block. Let me try again.\n")
 
 NO_RESULTS = "No documents found."
 
