@@ -283,7 +283,7 @@ def test_evaluate_stage_runs_both_systems_and_reports_passages(tmp_path):
     metrics = stage.run(LLMConfig(), MapsConfig(), ev, benchmarks=tmp_path / "b", results=tmp_path / "r",
                         report=tmp_path / "r.md", figures=tmp_path / "f", retriever=KeywordRetriever(PASSAGES),
                         engines=EnginePool(EngineConfig(), loader=lambda p, c: eng),
-                        qagent_cfg=QAgentConfig(max_turns=3))
+                        differences=tmp_path / "compare.json", qagent_cfg=QAgentConfig(max_turns=3))
     # end to end: A and D right (contains), C contains Paris; F1 from the project's metrics
     assert metrics["qagent"]["avg"]["acc"] == 60.0 and metrics["qagent"]["avg"]["em"] == 40.0
     assert metrics["qagent_plugin"]["avg"]["acc"] == 60.0                 # A, C, E: G's answers contain the gold
