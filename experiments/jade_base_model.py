@@ -27,7 +27,7 @@ from ragteam.agents import jade  # noqa: E402
 from ragteam.agents.jade_workflow import JadeConfig  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
-from ragteam.eval.evaluate import SystemSpec, run_system, summarize  # noqa: E402
+from ragteam.eval.evaluate import SystemSpec, WorkflowConfigs, run_system, summarize  # noqa: E402
 from ragteam.llm import EnginePool, LLMConfig, Team  # noqa: E402
 from ragteam.records import Episode  # noqa: E402
 from ragteam.retrieval.base import Retriever  # noqa: E402
@@ -86,7 +86,7 @@ def main() -> None:
         build_bm25s_index(corpus, tmp, k1=0.9, b=0.4, show_progress=False)
         retriever = Bm25sRetriever(tmp, corpus)
         t0 = time.perf_counter()
-        eps = run_system(SystemSpec(workflow="jade"), rows, team, retriever, None, None, "jade", jade=cfg)
+        eps = run_system(SystemSpec(workflow="jade"), rows, team, retriever, WorkflowConfigs(jade=cfg), "jade")
         workflow_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         probe = probe_roles(team, [r["question"] for r in rows], retriever, cfg)

@@ -257,16 +257,14 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="print the Episodes as JSONL instead"),
 ) -> None:
     """Answer QUESTIONS with one configured system (MAPS by default): answers, rounds, cost, optionally every call."""
-    from ragteam.agents.jade_workflow import JadeConfig
-    from ragteam.agents.maps_workflow import MapsConfig
     from ragteam.config import ParamsError, load_params, parse_section
-    from ragteam.eval.evaluate import EvalConfig, make_team, run_system
+    from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs, make_team, run_system
     from ragteam.io import DataError
     from ragteam.llm import EnginePool, LLMConfig
 
     try:
         p = load_params(params)
-        llm, maps_cfg = parse_section(p, "llm", LLMConfig), parse_section(p, "maps", MapsConfig)
+        llm = parse_section(p, "llm", LLMConfig)
         ev = parse_section(p, "eval", EvalConfig)
         if system not in ev.systems:
             raise ParamsError(f"--system {system!r} is not in eval.systems ({', '.join(ev.systems)})")
@@ -277,8 +275,7 @@ def ask(
             retriever = open_retriever(index or ev.retriever)
         team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling)
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
-        jade_cfg = parse_section(p, "jade", JadeConfig) if spec.workflow == "jade" else None
-        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system, jade=jade_cfg)
+        episodes = run_system(spec, rows, team, retriever, WorkflowConfigs.from_params(p, ev.baselines), system)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:
         typer.echo(f"ERROR {e}", err=True)
         raise typer.Exit(1)

@@ -17,8 +17,8 @@ from ragteam.agents.jade_workflow import JadeConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
-from ragteam.eval.evaluate import (EvalConfig, add_intervals, compare_systems, comparison_pairs, make_team,
-                                   question_scores, run_system, summarize, with_average)
+from ragteam.eval.evaluate import (EvalConfig, WorkflowConfigs, add_intervals, compare_systems, comparison_pairs,
+                                   make_team, question_scores, run_system, summarize, with_average)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, write_json
@@ -44,11 +44,16 @@ def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[d
     return {n: load_qa(root / f"{n}.jsonl")[: ev.n_questions] for n in order_benchmarks(names)}
 
 
-def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
+def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
         results: Path = RESULTS, report: Path = REPORT, figures: Path = FIGURES, retriever=None,
-        engines: EnginePool | None = None, differences: Path = DIFFERENCES,
-        jade_cfg: JadeConfig | None = None) -> dict:
-    """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject)."""
+        engines: EnginePool | None = None, differences: Path = DIFFERENCES) -> dict:
+    """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject).
+
+    `cfgs`: the workflows' params sections (a bare MapsConfig = the other sections at their defaults)."""
+    if isinstance(cfgs, MapsConfig):
+        cfgs = WorkflowConfigs(maps=cfgs)
+    cfgs = cfgs.model_copy(update={"baselines": ev.baselines})
+    used = {s.workflow for s in ev.systems.values()}
     t0 = time.perf_counter()
     qa = load_benchmarks(ev, benchmarks)
     needs_retrieval = any(s.workflow != "native" for s in ev.systems.values())
@@ -65,7 +70,7 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
             team = make_team(engines, spec, ev.agents, llm.model, llm.sampling)
-            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name, jade=jade_cfg)
+            eps = run_system(spec, rows, team, retriever, cfgs, name)
             per = {}
             for b in qa:
                 mine = [e for e, r in zip(eps, rows) if r["_benchmark"] == b]
@@ -83,11 +88,13 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
     scores_png = plot_scores(metrics, benches, figures / "eval_scores.png")
     context = {"base model": llm.model, "backend": f"{llm.backend} ({llm.device}, {llm.dtype})",
                "retriever": ev.retriever, "questions per benchmark (max)": ev.n_questions,
-               "MAPS": f"max_rounds {maps_cfg.max_rounds}, top_k {maps_cfg.top_k}, fixed_rounds "
-                       f"{maps_cfg.fixed_rounds}, max_chunks {maps_cfg.max_chunks}",
+               "MAPS": f"max_rounds {cfgs.maps.max_rounds}, top_k {cfgs.maps.top_k}, fixed_rounds "
+                       f"{cfgs.maps.fixed_rounds}, max_chunks {cfgs.maps.max_chunks}",
                "trained agents": dict(ev.agents) or "none (every role uses the base model)",
-               **({"JADE": _jade_context(jade_cfg or JadeConfig())}
-                  if any(s.workflow == "jade" for s in ev.systems.values()) else {}),
+               **({"JADE": _jade_context(cfgs.jade)} if "jade" in used else {}),
+               **({"QAgent": f"max_turns {cfgs.qagent.max_turns}, max_queries {cfgs.qagent.max_queries}, top_k "
+                             f"{cfgs.qagent.top_k} per query, passage_words {cfgs.qagent.passage_words}"}
+                  if used & {"qagent", "qagent_plugin"} else {}),
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
     diffs = compare_systems(scores, comparison_pairs(ev.systems, ev.compare), ev.bootstrap)
     write_json(differences, diffs)
@@ -111,10 +118,8 @@ def main() -> None:
     try:
         params = load_params()
         llm = parse_section(params, "llm", LLMConfig)
-        maps_cfg = parse_section(params, "maps", MapsConfig)
         ev = parse_section(params, "eval", EvalConfig)
-        jade_cfg = parse_section(params, "jade", JadeConfig)
-        metrics = run(llm, maps_cfg, ev, jade_cfg=jade_cfg)
+        metrics = run(llm, WorkflowConfigs.from_params(params, ev.baselines), ev)
     except (ParamsError, DataError) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)

@@ -10,7 +10,8 @@ from ragteam.agents import jade
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.config import ParamsError, deep_merge, parse_section
 from ragteam.eval import report
-from ragteam.eval.evaluate import EvalConfig, SystemSpec, role_models, run_system, summarize, with_average
+from ragteam.eval.evaluate import (EvalConfig, SystemSpec, WorkflowConfigs, role_models, run_system, summarize,
+                                   with_average)
 from ragteam.llm import Team
 from ragteam.records import AgentCall, Episode
 from ragteam.rewards.jade import (JadeRewardConfig, assign_rewards, format_reward, global_reward,
@@ -74,8 +75,8 @@ def test_rewards_on_replayed_case_studies():
 
 def test_jade_system_reports_its_workflow_figures_and_r_global():
     spec = SystemSpec(workflow="jade")
-    eps = run_system(spec, case_rows(), Team(ScriptedEngine(case_reply)), KeywordRetriever(PASSAGES), None, None,
-                     "jade", jade=JadeConfig(top_k=5, reward={"alpha": 0.3, "beta": 0.3}))
+    eps = run_system(spec, case_rows(), Team(ScriptedEngine(case_reply)), KeywordRetriever(PASSAGES),
+                     WorkflowConfigs(jade=JadeConfig(top_k=5, reward={"alpha": 0.3, "beta": 0.3})), "jade")
     assert [e.metrics["f1"] for e in eps] == [1.0, 1.0] and all(c.reward is not None for e in eps for c in e.calls)
     s = summarize(eps)
     assert s["f1"] == 100.0 and s["rounds"] == 2.0 and s["retrievals"] == 1.5 and s["ds_calls"] == 1.0
@@ -111,7 +112,7 @@ def test_shipped_params_and_paper_profile_parse():
 
 def test_report_shows_the_workflow_figures_of_jade_systems_only():
     eps = run_system(SystemSpec(workflow="jade"), case_rows(), Team(ScriptedEngine(case_reply)),
-                     KeywordRetriever(PASSAGES), None, None, "jade", jade=JadeConfig(top_k=5))
+                     KeywordRetriever(PASSAGES), WorkflowConfigs(jade=JadeConfig(top_k=5)), "jade")
     plain = summarize([Episode(question_id="q", question="?", golden_answers=["a"])])
     metrics = {"native": with_average({"hotpotqa": plain}), "jade": with_average({"hotpotqa": summarize(eps)})}
     lines = report.workflow_table(metrics).splitlines()
@@ -157,9 +158,9 @@ def test_evaluate_stage_runs_jade_and_reports_its_figures(tmp_path):
     write_jsonl(bench / "hotpotqa.jsonl", case_rows())
     pool = EnginePool(EngineConfig(), loader=lambda path, cfg: ScriptedEngine(case_reply))
     ev = EvalConfig(n_questions=2, systems={"jade": {"workflow": "jade"}})
-    metrics = stage.run(LLMConfig(), MapsConfig(), ev, benchmarks=bench, results=tmp_path / "res", report=tmp_path / "r.md",
-                        figures=tmp_path / "fig", retriever=KeywordRetriever(PASSAGES), engines=pool,
-                        jade_cfg=JadeConfig(top_k=5, reward={"beta": 0.3}))
+    metrics = stage.run(LLMConfig(), WorkflowConfigs(jade=JadeConfig(top_k=5, reward={"beta": 0.3})), ev,
+                        benchmarks=bench, results=tmp_path / "res", report=tmp_path / "r.md", figures=tmp_path / "fig",
+                        retriever=KeywordRetriever(PASSAGES), engines=pool, differences=tmp_path / "compare.json")
     avg = metrics["jade"]["avg"]
     assert avg["f1"] == 100.0 and avg["rounds"] == 2.0 and avg["r_global"] == pytest.approx(1 - 0.3 * 1.5 / 3)
     md = (tmp_path / "r.md").read_text()

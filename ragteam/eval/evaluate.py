@@ -16,6 +16,7 @@ from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter
 from ragteam.agents.debate import run_debate
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
+from ragteam.agents.qagent_workflow import GENERATOR_ROLE as QAGENT_GENERATOR, QAgentConfig, run_qagent
 from ragteam.config import Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
@@ -25,12 +26,13 @@ from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade"]
-MapsRole = Literal["query_agent", "judge_agent", "answer_agent"]
+Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "qagent", "qagent_plugin"]
+AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent"]  # roles with trained checkpoints
 ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (GENERATOR,),
          "drag": ("proponent", "opponent", "moderator", "answer_agent"),
          "maps": ("query_agent", "judge_agent", "answer_agent"),
-         "jade": jade_agents.ROLES}
+         "jade": jade_agents.ROLES,
+         "qagent": ("qagent",), "qagent_plugin": ("qagent", QAGENT_GENERATOR)}
 SCORE_KEYS = ("em", "f1", "acc")
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
 
@@ -39,8 +41,8 @@ class SystemSpec(Strict):
     """One row of the results table."""
 
     workflow: Workflow
-    trained_agents: bool = False              # maps: roles listed in eval.agents use those checkpoints
-    base_roles: list[MapsRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
+    trained_agents: bool = False              # roles listed in eval.agents use those checkpoints
+    base_roles: list[AgentRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
     model: str | None = None                  # every role of the workflow on this checkpoint (jointly trained teams)
 
@@ -52,7 +54,7 @@ class EvalConfig(Strict):
     n_questions: int = Field(20, ge=1)              # first n questions of each benchmark
     retriever: str = "bm25"                          # which index the retrieval systems search
     systems: dict[str, SystemSpec]
-    agents: dict[MapsRole, str] = Field(default_factory=dict)  # trained MAPS agent checkpoints (by role)
+    agents: dict[AgentRole, str] = Field(default_factory=dict)  # trained agent checkpoints (by role)
     baselines: BaselineConfig = BaselineConfig()
     # [a, b] pairs: paired bootstrap of a - b per benchmark and on the average; None: `comparison_pairs` derives them
     compare: list[tuple[str, str]] | None = None
@@ -65,6 +67,15 @@ class EvalConfig(Strict):
             if unknown or pair[0] == pair[1]:
                 raise ValueError(f"eval.compare[{i}] = {list(pair)}: " + (f"{unknown} not in eval.systems "
                                  f"({sorted(self.systems)})" if unknown else "a system compared with itself"))
+        return self
+
+    @model_validator(mode="after")
+    def _trained_qagent_has_a_checkpoint(self):
+        for name, spec in self.systems.items():
+            if (spec.workflow.startswith("qagent") and spec.trained_agents and "qagent" not in spec.base_roles
+                    and "qagent" not in self.agents):
+                raise ValueError(f"systems.{name}: trained_agents needs agents.qagent (the trained QAgent, e.g. "
+                                 f"models/agents/qagent from train_joint@qagent), or base_roles: [qagent]")
         return self
 
 
@@ -82,8 +93,27 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
     return engines.team(role_models(spec, agents), base_model, sampling)
 
 
-def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None, maps_cfg: MapsConfig,
-               baselines: BaselineConfig, name: str, jade: JadeConfig | None = None) -> list[Episode]:
+class WorkflowConfigs(Strict):
+    """The params sections the workflows read (`maps`, `eval.baselines`, `jade`, `qagent`, ...), one object so that
+    a new system adds a field here and a branch in `run_system`, not a parameter to every caller."""
+
+    maps: MapsConfig = MapsConfig()
+    baselines: BaselineConfig = BaselineConfig()
+    jade: JadeConfig = JadeConfig()
+    qagent: QAgentConfig = QAgentConfig()
+
+    @classmethod
+    def from_params(cls, params: Mapping, baselines: BaselineConfig | None = None) -> WorkflowConfigs:
+        """Every workflow section present in params.yaml, validated (a bad key names its section)."""
+        from ragteam.config import parse_section
+
+        fields = {name: parse_section(params, name, cls.model_fields[name].annotation)
+                  for name in cls.model_fields if name != "baselines" and name in params}
+        return cls(**fields, **({"baselines": baselines} if baselines is not None else {}))
+
+
+def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None,
+               cfgs: WorkflowConfigs, name: str) -> list[Episode]:
     """Run one system's workflow on `rows` (all questions batched together) and score the Episodes.
 
     JADE episodes with golden answers also get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported.
@@ -93,20 +123,22 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
     if spec.workflow == "native":
         eps = run_native(rows, team, system=name)
     elif spec.workflow == "standard_rag":
-        eps = run_standard_rag(rows, team, retriever, baselines, system=name)
+        eps = run_standard_rag(rows, team, retriever, cfgs.baselines, system=name)
     elif spec.workflow == "iter_retgen":
-        eps = run_iter_retgen(rows, team, retriever, baselines, system=name)
+        eps = run_iter_retgen(rows, team, retriever, cfgs.baselines, system=name)
     elif spec.workflow == "drag":
-        eps = run_debate(rows, team, retriever, maps_cfg.debate, answer=True, system=name)
+        eps = run_debate(rows, team, retriever, cfgs.maps.debate, answer=True, system=name)
     elif spec.workflow == "jade":
-        jade = jade or JadeConfig()
-        eps = score_episodes(run_jade(rows, team, retriever, jade, system=name))
+        eps = score_episodes(run_jade(rows, team, retriever, cfgs.jade, system=name))
         for ep in eps:
             if ep.golden_answers:
-                assign_jade_rewards(ep, jade.reward)
+                assign_jade_rewards(ep, cfgs.jade.reward)
         return eps
+    elif spec.workflow in ("qagent", "qagent_plugin"):
+        eps = run_qagent(rows, team, retriever, cfgs.qagent, plugin=spec.workflow == "qagent_plugin", system=name)
     else:
-        cfg = maps_cfg if spec.fixed_rounds is None else maps_cfg.model_copy(update={"fixed_rounds": spec.fixed_rounds})
+        cfg = (cfgs.maps if spec.fixed_rounds is None
+               else cfgs.maps.model_copy(update={"fixed_rounds": spec.fixed_rounds}))
         eps = run_maps(rows, team, retriever, cfg, system=name)
     return score_episodes(eps)
 
@@ -133,6 +165,9 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
         vals = [ep.cost.get("prompt_tokens", 0.0) + ep.cost.get("completion_tokens", 0.0) if k == "tokens"
                 else ep.cost.get(k, 0.0) for ep in episodes]
         out[k] = round(_mean(vals), 3)
+    with_passages = [ep.cost["passages"] for ep in episodes if "passages" in ep.cost]
+    if with_passages:  # workflows that record it (QAgent: passages handed to the answering model)
+        out["passages"] = round(_mean(with_passages), 3)
     calls = [c for ep in episodes for c in ep.calls]
     out["format_error_rate"] = round(_mean([c.format_error is not None for c in calls]), 4)
     # per-question workflow figures a system records in meta["workflow"] (JADE: rounds, retrievals, DS calls, plans,

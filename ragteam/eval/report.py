@@ -32,7 +32,7 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
     head = ["Method"]
     for b in benchmarks:
         head += [f"{display(b)} EM", f"{display(b)} F1"]
-    head += ["Avg EM", "Avg F1", "Avg Acc", "LLM calls/q", "Tokens/q", "Retrievals/q", "Seconds/q"]
+    head += ["Avg EM", "Avg F1", "Avg Acc", "LLM calls/q", "Tokens/q", "Retrievals/q", "Seconds/q", "Passages/q"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for system, per in metrics.items():
         cells = [system]
@@ -41,7 +41,8 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
             cells += [_num(m["em"]), _num(m["f1"])] if m else ["–", "–"]
         a = per["avg"]
         cells += [_num(a["em"]), _num(a["f1"]), _num(a["acc"]), _num(a["llm_calls"], 1), _num(a["tokens"], 0),
-                  _num(a["retrieval_calls"], 1), _num(a["seconds"], 2)]
+                  _num(a["retrieval_calls"], 1), _num(a["seconds"], 2),
+                  _num(a["passages"], 1) if "passages" in a else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -123,7 +124,7 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
              "EM / F1 / Acc in percent (FlashRAG normalisation, max over golden answers; Acc = a gold answer is "
              "contained in the prediction). Averages are unweighted over benchmarks, as in MAPS Table 1. Cost "
              "columns are means per question over all benchmarks: LLM calls, prompt + completion tokens, retrieval "
-             "calls, wall seconds.", "",
+             "calls, wall seconds, and (where a workflow records it) passages handed to the answering model.", "",
              table_markdown(metrics, benchmarks), "",
              "Questions per benchmark: " + ", ".join(f"{display(b)} {n[b]}" for b in benchmarks) + ".", ""]
     boot = {"resamples": 10_000, "seed": 0, "level": 0.95, **(bootstrap or {})}
