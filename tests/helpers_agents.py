@@ -9,7 +9,7 @@ import functools
 import re
 from collections.abc import Callable
 
-from ragteam.agents import baselines, maps
+from ragteam.agents import baselines, decor, maps
 from ragteam.llm import Completion, Messages, SamplingConfig
 from ragteam.retrieval.base import Hit
 
@@ -18,6 +18,8 @@ _ROLE_BY_SYSTEM = [
     (maps.ANSWER_AGENT_SYSTEM[:80], "answer_agent"), (maps.PROPONENT_SYSTEM[:40], "proponent"),
     (maps.OPPONENT_SYSTEM[:40], "opponent"), (maps.MODERATOR_SYSTEM[:40], "moderator"),
     (baselines.NATIVE_SYSTEM[:60], "generator"), (baselines.RAG_SYSTEM[:60], "generator"),
+    (decor.PLANNER_PROMPT[:40], "decor_planner"), (decor.FILTER_PROMPT[:40], "decor_filter"),
+    (decor.ANSWERER_PROMPT[:40], "decor_answerer"), (decor.SUMMARIZER_PROMPT[:40], "decor_summarizer"),
 ]
 
 
