@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 
 from ragteam.agents import baselines, decor, maps
+from ragteam.rewards import decor as decor_rewards
 from ragteam.llm import Completion, Messages, SamplingConfig
 from ragteam.retrieval.base import Hit
 
@@ -20,6 +21,8 @@ _ROLE_BY_SYSTEM = [
     (baselines.NATIVE_SYSTEM[:60], "generator"), (baselines.RAG_SYSTEM[:60], "generator"),
     (decor.PLANNER_PROMPT[:40], "decor_planner"), (decor.FILTER_PROMPT[:40], "decor_filter"),
     (decor.ANSWERER_PROMPT[:40], "decor_answerer"), (decor.SUMMARIZER_PROMPT[:40], "decor_summarizer"),
+    *((p[:60], "decor_judge") for p in (decor_rewards.JUDGE_ANSWER_PROMPT, decor_rewards.JUDGE_PLANNER_PROMPT,
+                                         decor_rewards.JUDGE_FILTER_PROMPT, decor_rewards.JUDGE_ANSWERER_PROMPT)),
 ]
 
 

@@ -39,6 +39,7 @@ def test_render_memory_and_docs():
     hits = [Hit("1", '"Paris"\nParis is the capital of France and its largest city', 1.0)]
     assert decor.render_docs(hits, 3) == 'Doc 1(Title: "Paris"): Paris is the ...'
     assert decor.render_docs([], 3) == decor.NO_RESULTS
+    assert decor.history_evidence(decor.render_memory(mem)) == "facts\ne3\n(nothing relevant kept)"
     assert decor.MemoryEntry.from_dict(mem[0].to_dict()) == mem[0]
 
 

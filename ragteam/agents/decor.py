@@ -156,6 +156,11 @@ def render_memory(memory: Sequence[MemoryEntry]) -> str:
     return "\n\n".join(blocks)
 
 
+def history_evidence(history: str) -> str:
+    """The evidence part of a rendered memory (its `Information...:` lines), without the search queries."""
+    return "\n".join(m.group(1) for m in re.finditer(r"^Information[^:\n]*: (.*)$", history, flags=re.MULTILINE))
+
+
 def memory_words(memory: Sequence[MemoryEntry]) -> int:
     """|M| for the L_max test, in whitespace tokens of the rendered memory (the Engine has no tokenizer)."""
     return len(render_memory(memory).split()) if memory else 0
