@@ -91,18 +91,21 @@ def test_parse_filter_answerer_summary():
 
 
 def test_fallbacks_salvage_what_is_usable():
-    assert decor.salvage("<think>long reasoning cut off", "answer") == ""
+    assert decor.salvage("<think>long reasoning cut off", "answer") is None
+    assert decor.salvage("<think>r <answer>x</answer> still thinking", "answer") is None
     assert decor.salvage("<think>r</think> <answer>Paris", "answer") == "Paris"
     assert decor.salvage("noise <search>q one</search> tail", "search") == "q one"
-    # planner: first salvaged line, else the question in turn 1, else STOP
-    assert decor.fallback_planner("<think>r</think>\nKendalls song\nmore", "Q?", 2) == \
+    assert decor.salvage("<think>r</think><search></search>", "search") == ""
+    # planner: first salvaged line of an opened <search>, else the question in turn 1, else STOP
+    assert decor.fallback_planner("<think>r</think>\n<search>Kendalls song\nmore", "Q?", 2) == \
         {"action": "search", "query": "Kendalls song"}
+    assert decor.fallback_planner("The user's query is: Q?", "Q?", 2) == {"action": "stop"}
     assert decor.fallback_planner("<think>unclosed", "Q?", 1) == {"action": "search", "query": "Q?"}
     assert decor.fallback_planner("<think>unclosed", "Q?", 2) == {"action": "stop"}
     assert decor.fallback_planner("<search>None", "Q?", 3) == {"action": "stop"}
-    assert len(decor.fallback_planner("w " * 100, "Q?", 2)["query"].split()) == decor.MAX_QUERY_WORDS
+    assert len(decor.fallback_planner("<search>" + "w " * 100, "Q?", 2)["query"].split()) == decor.MAX_QUERY_WORDS
     assert decor.fallback_filter("<think>r</think><filter>a\n\nb") == "a b"
-    assert decor.fallback_filter("<think>r") == ""
+    assert decor.fallback_filter("<think>r") == "" and decor.fallback_filter("1. Relevance: Keep every") == ""
     assert decor.fallback_answerer("<think>r</think>Answer: Paris.\nBecause...") == "Paris"
     assert decor.fallback_answerer("<think>r") == ""
 
@@ -201,7 +204,7 @@ def test_t_max_forces_the_answer_and_summarizer_compresses_memory():
 
 
 def test_fallbacks_keep_the_episode_going_without_truncation():
-    bad = {("decor_planner", ROWS[0]["question"]): "Red Sky covered by whom\nsecond line",
+    bad = {("decor_planner", ROWS[0]["question"]): "<search>Red Sky covered by whom\nsecond line",
            ("decor_filter", ROWS[1]["question"]): "<think>r</think><filter>Beta City is the capital",
            ("decor_answerer", ROWS[2]["question"]): "Dana Low wrote it."}
     engine = ScriptedEngine(scripted(searches=1, bad=bad))

@@ -16,12 +16,14 @@ exactly one `<search>` / `<filter>` / `<answer>` block, nothing but whitespace o
 a non-empty final block that is not the prompt's own bracketed placeholder. Anything else is a `FormatError`.
 
 Fallbacks, applied by the workflow only when it does not truncate the episode (evaluation; training truncates,
-Sec. 4.3). Each starts from `salvage(text, tag)`: reasoning in `<think>` (closed or cut off) dropped, the content of
-an opened role tag (closed or not), else the remaining text, stray tags removed:
-- Planner: the first salvaged line (<= `MAX_QUERY_WORDS` words) is the query; nothing left, or `None`, stops the
-  search, except in turn 1 (empty memory, rule 6) where the question itself is the query.
-- Filter: the salvaged text as one paragraph (empty: no evidence; the memory still records the query).
-- Answerer: the salvaged text through MAPS' `parse_answer` (first line, "Answer:" label removed); else "".
+Sec. 4.3). Each starts from `salvage(text, tag)`: the content of the role's tag when the response opened it (closed
+or cut off; reasoning in `<think>` and stray tags dropped), else nothing. Text outside any role tag is not taken as
+a query or evidence: a model that ignores the format mostly restates the prompt (measured with SmolLM2-135M).
+- Planner: the first salvaged line (<= `MAX_QUERY_WORDS` words) is the query; nothing salvaged, or `None`, stops
+  the search, except in turn 1 (empty memory, rule 6) where the question itself is the query.
+- Filter: the salvaged text as one paragraph; nothing salvaged: no evidence (the memory still records the query).
+- Answerer: the salvaged text, or else the whole response without its reasoning, through MAPS' lenient
+  `parse_answer` (first line, "Answer:" label removed), as the other systems read this model's answers; else "".
 - Summarizer: the memory is kept as it was (over the budget for this turn; `t_max` bounds it).
 """
 from __future__ import annotations
@@ -259,25 +261,29 @@ def parse_summary(text: str) -> str | FormatError:
 
 # ---- fallbacks (see the module docstring) -------------------------------------------------------------------------
 
-def salvage(text: str, tag: str) -> str:
-    """What is usable in a malformed response: `<think>` dropped, the opened `<tag>`'s content or the rest."""
-    s = re.sub(r"<think>.*?(?:</think>|\Z)", "\n", text, flags=re.DOTALL)
-    m = re.search(rf"<{tag}>(.*?)(?:</{tag}>|\Z)", s, flags=re.DOTALL)
-    body = m.group(1) if m else s
-    return _TAG.sub(" ", body).strip()
+def _without_think(text: str) -> str:
+    return re.sub(r"<think>.*?(?:</think>|\Z)", "\n", text, flags=re.DOTALL)
+
+
+def salvage(text: str, tag: str) -> str | None:
+    """The content of `<tag>` in a malformed response (closed or cut off, `<think>` and stray tags dropped);
+    None when the response never opened `<tag>` outside its reasoning."""
+    m = re.search(rf"<{tag}>(.*?)(?:</{tag}>|\Z)", _without_think(text), flags=re.DOTALL)
+    return _TAG.sub(" ", m.group(1)).strip() if m else None
 
 
 def fallback_planner(text: str, question: str, turn: int) -> dict:
-    query = " ".join(first_line(salvage(text, "search")).split()[:MAX_QUERY_WORDS])
+    query = " ".join(first_line(salvage(text, "search") or "").split()[:MAX_QUERY_WORDS])
     if query and query.strip("\"'`.[]").lower() != STOP_QUERY.lower():
         return {"action": "search", "query": query}
     return {"action": "search", "query": question} if turn == 1 else {"action": "stop"}
 
 
 def fallback_filter(text: str) -> str:
-    return _one_paragraph(salvage(text, "filter"))
+    return _one_paragraph(salvage(text, "filter") or "")
 
 
 def fallback_answerer(text: str) -> str:
-    ans = _maps_parse_answer(salvage(text, "answer"))
+    got = salvage(text, "answer")
+    ans = _maps_parse_answer(got if got is not None else _TAG.sub(" ", _without_think(text)))
     return "" if isinstance(ans, FormatError) else ans
