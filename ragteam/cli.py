@@ -189,6 +189,7 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="print the Episodes as JSONL instead"),
 ) -> None:
     """Answer QUESTIONS with one configured system (MAPS by default): answers, rounds, cost, optionally every call."""
+    from ragteam.agents.decor_workflow import DecorConfig
     from ragteam.agents.maps_workflow import MapsConfig
     from ragteam.config import ParamsError, load_params, parse_section
     from ragteam.eval.evaluate import EvalConfig, make_team, run_system
@@ -199,6 +200,7 @@ def ask(
         p = load_params(params)
         llm, maps_cfg = parse_section(p, "llm", LLMConfig), parse_section(p, "maps", MapsConfig)
         ev = parse_section(p, "eval", EvalConfig)
+        decor_cfg = parse_section(p, "decor", DecorConfig)
         if system not in ev.systems:
             raise ParamsError(f"--system {system!r} is not in eval.systems ({', '.join(ev.systems)})")
         spec, retriever = ev.systems[system], None
@@ -206,9 +208,9 @@ def ask(
             from ragteam.retrieval import open_retriever
 
             retriever = open_retriever(index or ev.retriever)
-        team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling)
+        team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling, decor_cfg.frozen_roles())
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
-        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system)
+        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system, decor_cfg)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:
         typer.echo(f"ERROR {e}", err=True)
         raise typer.Exit(1)

@@ -1,8 +1,9 @@
 """Stage evaluate: every system of `eval.systems` on the first `eval.n_questions` of each benchmark.
 
 Writes results/eval/<system>/<benchmark>.jsonl (Episodes: every agent call, prompt, parse, tokens, retrieved ids),
-metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc in % + cost per question}}), reports/eval.md (MAPS Table 1
-layout + cost columns) and reports/figures/eval_*.png. Outputs are swapped in only when every system finished.
+metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc (+ LJ for DECOR) in % + cost per question}}),
+reports/eval.md (MAPS Table 1 layout + cost columns) and reports/figures/eval_*.png. Outputs are swapped in only
+when every system finished.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ragteam.agents.decor_workflow import DecorConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
@@ -41,9 +43,10 @@ def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[d
 
 def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
         results: Path = RESULTS, report: Path = REPORT, figures: Path = FIGURES, retriever=None,
-        engines: EnginePool | None = None) -> dict:
+        engines: EnginePool | None = None, decor_cfg: DecorConfig | None = None) -> dict:
     """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject)."""
     t0 = time.perf_counter()
+    decor_cfg = decor_cfg or DecorConfig()
     qa = load_benchmarks(ev, benchmarks)
     needs_retrieval = any(s.workflow != "native" for s in ev.systems.values())
     if retriever is None and needs_retrieval:
@@ -57,8 +60,8 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
     with atomic_dir(results) as tmp:
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
-            team = make_team(engines, spec, ev.agents, llm.model, llm.sampling)
-            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name)
+            team = make_team(engines, spec, ev.agents, llm.model, llm.sampling, decor_cfg.frozen_roles())
+            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name, decor_cfg, ev.lj == "all")
             per = {}
             for b in qa:
                 mine = [e for e, r in zip(eps, rows) if r["_benchmark"] == b]
@@ -77,6 +80,10 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
                "retriever": ev.retriever, "questions per benchmark (max)": ev.n_questions,
                "MAPS": f"max_rounds {maps_cfg.max_rounds}, top_k {maps_cfg.top_k}, fixed_rounds "
                        f"{maps_cfg.fixed_rounds}, max_chunks {maps_cfg.max_chunks}",
+               "DECOR": f"t_max {decor_cfg.t_max}, top_k {decor_cfg.top_k}, l_max {decor_cfg.l_max}, passage_words "
+                        f"{decor_cfg.passage_words}",
+               "LJ judge": (f"llm ({decor_cfg.judge_model or llm.model}, Appendix B.1)" if decor_cfg.judge == "llm"
+                            else "rules (a gold answer contained in the prediction, whole words)"),
                "trained agents": dict(ev.agents) or "none (every role uses the base model)",
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
     md = report_markdown(metrics, benches, context,
@@ -93,7 +100,8 @@ def main() -> None:
         llm = parse_section(params, "llm", LLMConfig)
         maps_cfg = parse_section(params, "maps", MapsConfig)
         ev = parse_section(params, "eval", EvalConfig)
-        metrics = run(llm, maps_cfg, ev)
+        decor_cfg = parse_section(params, "decor", DecorConfig)
+        metrics = run(llm, maps_cfg, ev, decor_cfg=decor_cfg)
     except (ParamsError, DataError) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)

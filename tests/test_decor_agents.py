@@ -43,7 +43,7 @@ def test_render_memory_and_docs():
     assert decor.MemoryEntry.from_dict(mem[0].to_dict()) == mem[0]
 
 
-# ---- parsers ----------------------------------------------------------------------------------------------------------
+# ---- parsers ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, want", [
     ("<think>\nneed the year\n</think>\n<search>\nKendalls Heaven's Just a Sin Away year\n</search>\n",
@@ -110,7 +110,7 @@ def test_fallbacks_salvage_what_is_usable():
     assert decor.fallback_answerer("<think>r") == ""
 
 
-# ---- Algorithm 1 ------------------------------------------------------------------------------------------------------
+# ---- Algorithm 1 ------------------------------------------------------------------------------------------------
 
 PASSAGES = [("Alpha Band", "Alpha Band covered the song Red Sky in 1977."),
             ("Red Sky", "Red Sky is a song written by Dana Low."),
@@ -146,7 +146,8 @@ def scripted(searches: int = 1, bad: dict | None = None):
         if role == "decor_filter":
             q = _field(text, "Search Query")
             doc = re.search(r'Doc 1\(Title: "[^"]*"\): (.*)', text)
-            return bad.get((role, q.split(" more")[0])) or f"<think>k</think>\n<filter>{doc.group(1) if doc else ''}</filter>"
+            kept = doc.group(1) if doc else ""
+            return bad.get((role, q.split(" more")[0])) or f"<think>k</think>\n<filter>{kept}</filter>"
         if role == "decor_answerer":
             q = _field(text, "- User's query")
             ev = re.search(r"^Information[^:]*: (.*)$", text, flags=re.MULTILINE)

@@ -1,8 +1,10 @@
 """Evaluation: run configured systems on benchmark questions, score Episodes, aggregate accuracy and cost.
 
 Scores are FlashRAG's (`ragteam.eval.metrics`): EM, F1 and accuracy (gold contained in the prediction), each the
-max over the golden answers; summaries report them in percent, like MAPS Table 1. Cost is per question: LLM calls,
-prompt and completion tokens, retrieval calls and wall seconds (see `ragteam.agents.core`).
+max over the golden answers; summaries report them in percent, like MAPS Table 1. DECOR systems (and every system
+with `eval.lj: all`) also get LJ, DECOR's judged answer equivalence, from the judge of `decor.judge`. Cost is per
+question: LLM calls, prompt and completion tokens, retrieval calls and wall seconds (see `ragteam.agents.core`); the
+judge's calls are not part of a system's cost.
 """
 from __future__ import annotations
 
@@ -11,21 +13,27 @@ from typing import Literal
 
 from pydantic import Field
 
+from ragteam.agents import decor
 from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import run_debate
+from ragteam.agents.decor_workflow import DecorConfig, run_decor
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.config import Strict
 from ragteam.eval.metrics import answer_metrics
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.rewards.decor import Judge, make_judge, score_lj
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps"]
+Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "decor"]
 MapsRole = Literal["query_agent", "judge_agent", "answer_agent"]
+AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "decor_planner", "decor_filter", "decor_answerer"]
 ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (GENERATOR,),
          "drag": ("proponent", "opponent", "moderator", "answer_agent"),
-         "maps": ("query_agent", "judge_agent", "answer_agent")}
+         "maps": ("query_agent", "judge_agent", "answer_agent"),
+         "decor": (*decor.POLICY_ROLES, decor.SUMMARIZER)}
 SCORE_KEYS = ("em", "f1", "acc")
+OPTIONAL_SCORE_KEYS = ("lj",)  # summarised only where every episode has it
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
 
 
@@ -33,8 +41,8 @@ class SystemSpec(Strict):
     """One row of the results table."""
 
     workflow: Workflow
-    trained_agents: bool = False              # maps: roles listed in eval.agents use those checkpoints
-    base_roles: list[MapsRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
+    trained_agents: bool = False              # maps, decor: roles listed in eval.agents use those checkpoints
+    base_roles: list[AgentRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
 
 
@@ -45,8 +53,9 @@ class EvalConfig(Strict):
     n_questions: int = Field(20, ge=1)              # first n questions of each benchmark
     retriever: str = "bm25"                          # which index the retrieval systems search
     systems: dict[str, SystemSpec]
-    agents: dict[MapsRole, str] = Field(default_factory=dict)  # trained MAPS agent checkpoints (by role)
+    agents: dict[AgentRole, str] = Field(default_factory=dict)  # trained agent checkpoints (by role)
     baselines: BaselineConfig = BaselineConfig()
+    lj: Literal["decor", "all"] = "decor"           # which systems get the LJ score (judge: decor.judge)
 
 
 def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
@@ -57,13 +66,18 @@ def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
 
 
 def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], base_model: str,
-              sampling: Mapping[str, SamplingConfig]) -> Team:
-    return engines.team(role_models(spec, agents), base_model, sampling)
+              sampling: Mapping[str, SamplingConfig], frozen_roles: Mapping[str, str] | None = None) -> Team:
+    """`frozen_roles`: helper roles on their own checkpoints whatever the system (DecorConfig.frozen_roles)."""
+    return engines.team({**(frozen_roles or {}), **role_models(spec, agents)}, base_model, sampling)
 
 
 def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None, maps_cfg: MapsConfig,
-               baselines: BaselineConfig, name: str) -> list[Episode]:
-    """Run one system's workflow on `rows` (all questions batched together) and score the Episodes."""
+               baselines: BaselineConfig, name: str, decor_cfg: DecorConfig | None = None, lj: bool = False
+               ) -> list[Episode]:
+    """Run one system's workflow on `rows` (all questions batched together) and score the Episodes.
+
+    LJ is scored for DECOR systems and, with `lj`, for any system (judge: `decor_cfg.judge` on `team`)."""
+    decor_cfg = decor_cfg or DecorConfig()
     if spec.workflow != "native" and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
     if spec.workflow == "native":
@@ -74,18 +88,24 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         eps = run_iter_retgen(rows, team, retriever, baselines, system=name)
     elif spec.workflow == "drag":
         eps = run_debate(rows, team, retriever, maps_cfg.debate, answer=True, system=name)
+    elif spec.workflow == "decor":
+        eps = run_decor(rows, team, retriever, decor_cfg, system=name)
     else:
         cfg = maps_cfg if spec.fixed_rounds is None else maps_cfg.model_copy(update={"fixed_rounds": spec.fixed_rounds})
         eps = run_maps(rows, team, retriever, cfg, system=name)
-    return score_episodes(eps)
+    judge = make_judge(decor_cfg, team) if spec.workflow == "decor" or lj else None
+    return score_episodes(eps, judge)
 
 
-def score_episodes(episodes: Iterable[Episode]) -> list[Episode]:
+def score_episodes(episodes: Iterable[Episode], judge: Judge | None = None) -> list[Episode]:
+    """EM / F1 / Acc of every episode with golds; with a judge also LJ (one batched judge call)."""
     out = []
     for ep in episodes:
         if ep.golden_answers:  # questions without golds (e.g. `ragteam ask`) are not scored
             ep.metrics = answer_metrics(ep.final_answer or "", ep.golden_answers)
         out.append(ep)
+    if judge is not None:
+        score_lj(out, judge)
     return out
 
 
@@ -98,6 +118,9 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     out: dict[str, float] = {"n": float(len(episodes))}
     for k in SCORE_KEYS:
         out[k] = round(100 * _mean([ep.metrics.get(k, 0.0) for ep in episodes]), 2)
+    for k in OPTIONAL_SCORE_KEYS:
+        if episodes and all(k in ep.metrics for ep in episodes):
+            out[k] = round(100 * _mean([ep.metrics[k] for ep in episodes]), 2)
     for k in COST_KEYS:
         vals = [ep.cost.get("prompt_tokens", 0.0) + ep.cost.get("completion_tokens", 0.0) if k == "tokens"
                 else ep.cost.get(k, 0.0) for ep in episodes]
