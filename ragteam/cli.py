@@ -251,7 +251,7 @@ def serve_retriever(
 def ask(
     questions: list[str] = typer.Argument(..., help="one or more questions (answered together, batched)"),
     system: str = typer.Option("maps", help="a system of eval.systems in params.yaml"),
-    params: Path = typer.Option(Path("params.yaml"), help="params file (llm, maps, jade, eval sections)"),
+    params: Path = typer.Option(Path("params.yaml"), help="params file (llm, eval and the workflow sections)"),
     index: Optional[str] = typer.Option(None, help="index dir or http(s) retrieval service (default: eval.retriever)"),
     calls: bool = typer.Option(False, "--calls", help="also print every agent call"),
     as_json: bool = typer.Option(False, "--json", help="print the Episodes as JSONL instead"),
@@ -273,9 +273,10 @@ def ask(
             from ragteam.retrieval import open_retriever
 
             retriever = open_retriever(index or ev.retriever)
-        team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling)
+        cfgs = WorkflowConfigs.from_params(p, ev.baselines)
+        team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling, cfgs.decor.frozen_roles())
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
-        episodes = run_system(spec, rows, team, retriever, WorkflowConfigs.from_params(p, ev.baselines), system)
+        episodes = run_system(spec, rows, team, retriever, cfgs, system)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:
         typer.echo(f"ERROR {e}", err=True)
         raise typer.Exit(1)

@@ -1,10 +1,10 @@
 """Stage evaluate: every system of `eval.systems` on the first `eval.n_questions` of each benchmark.
 
 Writes results/eval/<system>/<benchmark>.jsonl (Episodes: every agent call, prompt, parse, tokens, retrieved ids),
-metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc in % + cost per question + em_ci/f1_ci bootstrap intervals}}),
-metrics/eval_compare.json (paired-bootstrap differences for the eval.compare pairs), reports/eval.md (MAPS Table 1
-layout + cost columns, intervals, differences) and reports/figures/eval_*.png. Outputs are swapped in only when every
-system finished.
+metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc (+ LJ for DECOR) in % + cost per question + em_ci/f1_ci
+bootstrap intervals}}), metrics/eval_compare.json (paired-bootstrap differences for the eval.compare pairs),
+reports/eval.md (MAPS Table 1 layout + cost columns, intervals, differences) and reports/figures/eval_*.png. Outputs
+are swapped in only when every system finished.
 """
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
     with atomic_dir(results) as tmp:
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
-            team = make_team(engines, spec, ev.agents, llm.model, llm.sampling)
-            eps = run_system(spec, rows, team, retriever, cfgs, name)
+            team = make_team(engines, spec, ev.agents, llm.model, llm.sampling, cfgs.decor.frozen_roles())
+            eps = run_system(spec, rows, team, retriever, cfgs, name, ev.lj == "all")
             per = {}
             for b in qa:
                 mine = [e for e, r in zip(eps, rows) if r["_benchmark"] == b]
@@ -90,6 +90,11 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
                "retriever": ev.retriever, "questions per benchmark (max)": ev.n_questions,
                "MAPS": f"max_rounds {cfgs.maps.max_rounds}, top_k {cfgs.maps.top_k}, fixed_rounds "
                        f"{cfgs.maps.fixed_rounds}, max_chunks {cfgs.maps.max_chunks}",
+               **({"DECOR": f"t_max {cfgs.decor.t_max}, top_k {cfgs.decor.top_k}, l_max {cfgs.decor.l_max}, "
+                           f"passage_words {cfgs.decor.passage_words}",
+                  "LJ judge": (f"llm ({cfgs.decor.judge_model or llm.model}, Appendix B.1)" if cfgs.decor.judge == "llm"
+                               else "rules (a gold answer contained in the prediction, whole words)")}
+                  if "decor" in used or ev.lj == "all" else {}),
                "trained agents": dict(ev.agents) or "none (every role uses the base model)",
                **({"JADE": _jade_context(cfgs.jade)} if "jade" in used else {}),
                **({"QAgent": f"max_turns {cfgs.qagent.max_turns}, max_queries {cfgs.qagent.max_queries}, top_k "

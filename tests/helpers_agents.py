@@ -9,8 +9,9 @@ import functools
 import re
 from collections.abc import Callable
 
-from ragteam.agents import baselines, jade, maps, qagent
+from ragteam.agents import baselines, decor, jade, maps, qagent
 from ragteam.llm import Completion, Messages, SamplingConfig, find_stop
+from ragteam.rewards import decor as decor_rewards
 from ragteam.retrieval.base import Hit
 
 _ROLE_BY_SYSTEM = [
@@ -21,6 +22,10 @@ _ROLE_BY_SYSTEM = [
     (jade.PLANNER_SYSTEM, jade.PLANNER), (jade.QR_SYSTEM, jade.QR), (jade.QDS_SYSTEM, jade.QDS),
     (jade.QDP_SYSTEM, jade.QDP), (jade.DS_SYSTEM, jade.DS), (jade.AG_SYSTEM, jade.AG), (jade.AS_SYSTEM, jade.AS),
     (qagent.QAGENT_PROMPT[:60], "qagent"),   # QAgent's prompt is the user message (no system prompt)
+    (decor.PLANNER_PROMPT[:40], "decor_planner"), (decor.FILTER_PROMPT[:40], "decor_filter"),
+    (decor.ANSWERER_PROMPT[:40], "decor_answerer"), (decor.SUMMARIZER_PROMPT[:40], "decor_summarizer"),
+    *((p[:60], "decor_judge") for p in (decor_rewards.JUDGE_ANSWER_PROMPT, decor_rewards.JUDGE_PLANNER_PROMPT,
+                                         decor_rewards.JUDGE_FILTER_PROMPT, decor_rewards.JUDGE_ANSWERER_PROMPT)),
 ]
 
 

@@ -1,8 +1,10 @@
 """Evaluation: run configured systems on benchmark questions, score Episodes, aggregate accuracy and cost.
 
 Scores are FlashRAG's (`ragteam.eval.metrics`): EM, F1 and accuracy (gold contained in the prediction), each the
-max over the golden answers; summaries report them in percent, like MAPS Table 1. Cost is per question: LLM calls,
-prompt and completion tokens, retrieval calls and wall seconds (see `ragteam.agents.core`).
+max over the golden answers; summaries report them in percent, like MAPS Table 1. DECOR systems (and every system
+with `eval.lj: all`) also get LJ, DECOR's judged answer equivalence, from the judge of `decor.judge`. Cost is per
+question: LLM calls, prompt and completion tokens, retrieval calls and wall seconds (see `ragteam.agents.core`); the
+judge's calls are not part of a system's cost.
 """
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ragteam.agents import decor
 from ragteam.agents import jade as jade_agents
 from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import run_debate
+from ragteam.agents.decor_workflow import DecorConfig, run_decor
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.agents.qagent_workflow import GENERATOR_ROLE as QAGENT_GENERATOR, QAgentConfig, run_qagent
@@ -24,16 +28,21 @@ from ragteam.eval.metrics import answer_metrics
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.rewards.decor import Judge, make_judge, score_lj
 from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "qagent", "qagent_plugin"]
-AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent"]  # roles with trained checkpoints
+Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "decor", "qagent", "qagent_plugin"]
+# roles with trained checkpoints (eval.agents)
+AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent", "decor_planner", "decor_filter",
+                    "decor_answerer"]
 ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (GENERATOR,),
          "drag": ("proponent", "opponent", "moderator", "answer_agent"),
          "maps": ("query_agent", "judge_agent", "answer_agent"),
          "jade": jade_agents.ROLES,
+         "decor": (*decor.POLICY_ROLES, decor.SUMMARIZER),
          "qagent": ("qagent",), "qagent_plugin": ("qagent", QAGENT_GENERATOR)}
 SCORE_KEYS = ("em", "f1", "acc")
+OPTIONAL_SCORE_KEYS = ("lj",)  # summarised only where every episode has it
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
 
 
@@ -59,6 +68,7 @@ class EvalConfig(Strict):
     # [a, b] pairs: paired bootstrap of a - b per benchmark and on the average; None: `comparison_pairs` derives them
     compare: list[tuple[str, str]] | None = None
     bootstrap: BootstrapConfig = BootstrapConfig()
+    lj: Literal["decor", "all"] = "decor"           # which systems get the LJ score (judge: decor.judge)
 
     @model_validator(mode="after")
     def _compare_names_systems(self):
@@ -89,8 +99,9 @@ def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
 
 
 def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], base_model: str,
-              sampling: Mapping[str, SamplingConfig]) -> Team:
-    return engines.team(role_models(spec, agents), base_model, sampling)
+              sampling: Mapping[str, SamplingConfig], frozen_roles: Mapping[str, str] | None = None) -> Team:
+    """`frozen_roles`: helper roles on their own checkpoints whatever the system (DecorConfig.frozen_roles)."""
+    return engines.team({**(frozen_roles or {}), **role_models(spec, agents)}, base_model, sampling)
 
 
 class WorkflowConfigs(Strict):
@@ -100,6 +111,7 @@ class WorkflowConfigs(Strict):
     maps: MapsConfig = MapsConfig()
     baselines: BaselineConfig = BaselineConfig()
     jade: JadeConfig = JadeConfig()
+    decor: DecorConfig = DecorConfig()
     qagent: QAgentConfig = QAgentConfig()
 
     @classmethod
@@ -113,11 +125,11 @@ class WorkflowConfigs(Strict):
 
 
 def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None,
-               cfgs: WorkflowConfigs, name: str) -> list[Episode]:
+               cfgs: WorkflowConfigs, name: str, lj: bool = False) -> list[Episode]:
     """Run one system's workflow on `rows` (all questions batched together) and score the Episodes.
 
     JADE episodes with golden answers also get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported.
-    """
+    LJ is scored for DECOR systems and, with `lj`, for any system (judge: `cfgs.decor.judge` on `team`)."""
     if spec.workflow != "native" and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
     if spec.workflow == "native":
@@ -129,26 +141,33 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
     elif spec.workflow == "drag":
         eps = run_debate(rows, team, retriever, cfgs.maps.debate, answer=True, system=name)
     elif spec.workflow == "jade":
-        eps = score_episodes(run_jade(rows, team, retriever, cfgs.jade, system=name))
-        for ep in eps:
-            if ep.golden_answers:
-                assign_jade_rewards(ep, cfgs.jade.reward)
-        return eps
+        eps = run_jade(rows, team, retriever, cfgs.jade, system=name)
+    elif spec.workflow == "decor":
+        eps = run_decor(rows, team, retriever, cfgs.decor, system=name)
     elif spec.workflow in ("qagent", "qagent_plugin"):
         eps = run_qagent(rows, team, retriever, cfgs.qagent, plugin=spec.workflow == "qagent_plugin", system=name)
     else:
         cfg = (cfgs.maps if spec.fixed_rounds is None
                else cfgs.maps.model_copy(update={"fixed_rounds": spec.fixed_rounds}))
         eps = run_maps(rows, team, retriever, cfg, system=name)
-    return score_episodes(eps)
+    judge = make_judge(cfgs.decor, team) if spec.workflow == "decor" or lj else None
+    eps = score_episodes(eps, judge)
+    if spec.workflow == "jade":
+        for ep in eps:
+            if ep.golden_answers:
+                assign_jade_rewards(ep, cfgs.jade.reward)
+    return eps
 
 
-def score_episodes(episodes: Iterable[Episode]) -> list[Episode]:
+def score_episodes(episodes: Iterable[Episode], judge: Judge | None = None) -> list[Episode]:
+    """EM / F1 / Acc of every episode with golds; with a judge also LJ (one batched judge call)."""
     out = []
     for ep in episodes:
         if ep.golden_answers:  # questions without golds (e.g. `ragteam ask`) are not scored
             ep.metrics = answer_metrics(ep.final_answer or "", ep.golden_answers)
         out.append(ep)
+    if judge is not None:
+        score_lj(out, judge)
     return out
 
 
@@ -161,6 +180,9 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     out: dict[str, float] = {"n": float(len(episodes))}
     for k in SCORE_KEYS:
         out[k] = round(100 * _mean([ep.metrics.get(k, 0.0) for ep in episodes]), 2)
+    for k in OPTIONAL_SCORE_KEYS:
+        if episodes and all(k in ep.metrics for ep in episodes):
+            out[k] = round(100 * _mean([ep.metrics[k] for ep in episodes]), 2)
     for k in COST_KEYS:
         vals = [ep.cost.get("prompt_tokens", 0.0) + ep.cost.get("completion_tokens", 0.0) if k == "tokens"
                 else ep.cost.get(k, 0.0) for ep in episodes]

@@ -28,11 +28,14 @@ def _num(x: float, digits: int = 2) -> str:
 
 
 def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], benchmarks: Sequence[str]) -> str:
-    """Rows = systems; EM / F1 per benchmark, then their averages, accuracy, and cost per question (averaged)."""
+    """Rows = systems; EM / F1 per benchmark, then their averages, accuracy (and LJ where a system has it: DECOR's
+    judge; "–" elsewhere), and cost per question (averaged)."""
+    with_lj = any("lj" in per["avg"] for per in metrics.values())
     head = ["Method"]
     for b in benchmarks:
         head += [f"{display(b)} EM", f"{display(b)} F1"]
-    head += ["Avg EM", "Avg F1", "Avg Acc", "LLM calls/q", "Tokens/q", "Retrievals/q", "Seconds/q", "Passages/q"]
+    head += ["Avg EM", "Avg F1", "Avg Acc"] + (["Avg LJ"] if with_lj else [])
+    head += ["LLM calls/q", "Tokens/q", "Retrievals/q", "Seconds/q", "Passages/q"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for system, per in metrics.items():
         cells = [system]
@@ -40,8 +43,9 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
             m = per.get(b)
             cells += [_num(m["em"]), _num(m["f1"])] if m else ["–", "–"]
         a = per["avg"]
-        cells += [_num(a["em"]), _num(a["f1"]), _num(a["acc"]), _num(a["llm_calls"], 1), _num(a["tokens"], 0),
-                  _num(a["retrieval_calls"], 1), _num(a["seconds"], 2),
+        cells += [_num(a["em"]), _num(a["f1"]), _num(a["acc"])]
+        cells += ([_num(a["lj"]) if "lj" in a else "–"] if with_lj else [])
+        cells += [_num(a["llm_calls"], 1), _num(a["tokens"], 0), _num(a["retrieval_calls"], 1), _num(a["seconds"], 2),
                   _num(a["passages"], 1) if "passages" in a else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

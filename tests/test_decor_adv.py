@@ -1,0 +1,75 @@
+"""DECOR's estimator: Eq. 6 role-specific group normalisation and the dynamic-sampling filter, against hand values."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ragteam.records import AgentCall, Episode
+from ragteam.train.decor_adv import (EPS, decor_advantages, dynamic_sampling, keep_group, role_group_normalize,
+                                     role_returns)
+
+
+def ep(qid: str, calls: list[tuple[str, float | None]], team: float | None = None) -> Episode:
+    e = Episode(question_id=qid, question="q", golden_answers=["a"])
+    for role, r in calls:
+        e.add_call(AgentCall(role=role, prompt=[], reward=r))
+    if team is not None:
+        e.meta["reward"] = {"team": team}
+    return e
+
+
+def test_eq6_by_hand():
+    # group g, 3 trajectories. Planner returns 1, 0, −1: μ = 0, sample σ = sqrt((1 + 0 + 1) / 2) = 1
+    # Filter returns 0.5, 0.5, 0.5: σ = 0 -> A = 0. Answerer acted in two trajectories: 0.94, 0.14: μ = 0.54,
+    # σ = sqrt(2 · 0.4²) = 0.565685...
+    rets = [{"decor_planner": 1.0, "decor_filter": 0.5, "decor_answerer": 0.94},
+            {"decor_planner": 0.0, "decor_filter": 0.5},
+            {"decor_planner": -1.0, "decor_filter": 0.5, "decor_answerer": 0.14},
+            {"decor_planner": 7.0}]                        # alone in group h: A = 0
+    adv = role_group_normalize(rets, ["g", "g", "g", "h"], eps=0.0)
+    assert adv[0]["decor_planner"] == pytest.approx(1.0) and adv[1]["decor_planner"] == 0.0
+    assert adv[2]["decor_planner"] == pytest.approx(-1.0)
+    assert all(a["decor_filter"] == 0.0 for a in adv[:3])
+    s = math.sqrt(2 * 0.4 ** 2)
+    assert adv[0]["decor_answerer"] == pytest.approx(0.4 / s) and adv[2]["decor_answerer"] == pytest.approx(-0.4 / s)
+    assert "decor_answerer" not in adv[1] and adv[3] == {"decor_planner": 0.0}
+    # ε in the denominator
+    assert role_group_normalize(rets, ["g"] * 3 + ["h"])[0]["decor_planner"] == pytest.approx(1 / (1 + EPS))
+    with pytest.raises(ValueError, match="3 returns but 2 group ids"):
+        role_group_normalize(rets[:3], ["g", "g"])
+
+
+def test_role_returns_average_steps_and_advantages_align_with_calls():
+    # trajectory 1: planner steps 0.94, 0.14 -> R = 0.54; trajectory 2: one planner step −0.4
+    e1 = ep("q", [("decor_planner", 0.94), ("decor_filter", 0.94), ("decor_planner", 0.14),
+                  ("decor_summarizer", None), ("decor_answerer", 0.94)])
+    e2 = ep("q", [("decor_planner", -0.4), ("decor_filter", -0.4), ("decor_answerer", 0.0)])
+    assert role_returns(e1) == pytest.approx({"decor_planner": 0.54, "decor_filter": 0.94, "decor_answerer": 0.94})
+    adv = decor_advantages([e1, e2], eps=0.0)
+    # two values per role: A = ±(x − μ)/σ with σ = |x1 − x2|/√2 -> ±1/√2 whatever the values
+    h = 1 / math.sqrt(2)
+    assert adv[0] == pytest.approx([h, h, h, None, h]) and adv[1] == pytest.approx([-h, -h, -h])
+    assert adv[0][3] is None                               # the frozen summarizer gets no advantage
+    with pytest.raises(ValueError, match="has no reward"):
+        decor_advantages([ep("q", [("decor_planner", None)])])
+
+
+def test_groups_are_questions():
+    es = [ep("a", [("decor_answerer", 1.0)]), ep("b", [("decor_answerer", 0.0)]),
+          ep("a", [("decor_answerer", 0.0)]), ep("b", [("decor_answerer", 0.0)])]
+    adv = decor_advantages(es, eps=0.0)
+    assert adv[0][0] == pytest.approx(1 / math.sqrt(2)) and adv[2][0] == pytest.approx(-1 / math.sqrt(2))
+    assert adv[1] == [0.0] and adv[3] == [0.0]
+
+
+def test_dynamic_sampling_keeps_promising_but_imperfect_groups():
+    assert keep_group([0.0, 0.5]) and not keep_group([0.0, 0.0]) and not keep_group([1.0, 1.0])
+    assert not keep_group([]) and keep_group([1.0, 0.0, 1.0])
+    assert not keep_group([0.05, 0.05], low=0.1, high=0.9) and keep_group([0.1, 0.2], low=0.1, high=0.9)
+    es = [ep("all0", [], team=0.0), ep("mixed", [], team=1.0), ep("all0", [], team=0.0),
+          ep("all1", [], team=1.0), ep("mixed", [], team=0.25), ep("all1", [], team=1.0)]
+    kept = dynamic_sampling(es)
+    assert [e.question_id for e in kept] == ["mixed", "mixed"] and kept[0] is es[1]
+    with pytest.raises(ValueError, match="no meta.reward"):
+        dynamic_sampling([ep("x", [])])
