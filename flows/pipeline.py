@@ -141,20 +141,36 @@ def dvc_repo_lock(root: Path) -> Iterator[Any]:
 def worker_files(root: Path, stages: dict[str, lin.Stage], name: str) -> dict[str, str]:
     """Small git-tracked files a remote worker needs besides its checkout: dvc.lock (so `dvc pull` knows the
     upstream hashes), the stage's params files, and uncached upstream outs it depends on (e.g. metrics)."""
-    paths = ["dvc.lock", *stages[name].params]
-    for dep in stages[name].deps:
-        for other in stages.values():
-            paths += [o for o in other.outs if o not in other.cached_outs and other.name != name
-                      and lin.overlaps(dep, o)]
     with dvc_repo_lock(root):
-        return {p: (root / p).read_text() for p in dict.fromkeys(paths) if (root / p).is_file()}
+        return {p: (root / p).read_text() for p in sorted(sendable_files(stages, [name])) if (root / p).is_file()}
 
 
-def write_files(root: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+def sendable_files(stages: dict[str, lin.Stage], targets: list[str] | None) -> set[str]:
+    """What an orchestrator may ship to a remote run of `targets` (see `worker_files`): dvc.lock, the targets'
+    params files and the uncached outs of other stages they depend on. Never code, dvc.yaml or anything else."""
+    allowed = {"dvc.lock"}
+    for name in targets or list(stages):
+        if name not in stages:
+            raise ValueError(f"files: unknown target stage {name!r}")
+        allowed.update(stages[name].params)
+        for dep in stages[name].deps:
+            allowed.update(o for other in stages.values() if other.name != name
+                           for o in other.outs if o not in other.cached_outs and lin.overlaps(dep, o))
+    return allowed
+
+
+def write_files(root: Path, files: dict[str, str], allowed: set[str]) -> None:
+    """Write `files` (path -> text) under `root`, each atomically; every path must be in `allowed` (checked for
+    all of them before anything is written)."""
+    for rel in files:
+        p = PurePosixPath(rel)
+        if p.is_absolute() or ".." in p.parts:
             raise ValueError(f"files: {rel!r} must be a path inside the project")
-        with atomic_file(root / rel) as f:
+        if p.as_posix() not in allowed:
+            raise ValueError(f"files: refusing to write {rel!r}: a remote run may only write dvc.lock, the target "
+                             f"stages' params files and declared outs ({', '.join(sorted(allowed))})")
+    for rel, text in files.items():
+        with atomic_file(root / PurePosixPath(rel).as_posix()) as f:
             f.write(text)
 
 
@@ -174,7 +190,8 @@ def run_stage_remote(root: Path, stages: dict[str, lin.Stage], name: str, force:
 def adopt_remote_result(root: Path, stages: dict[str, lin.Stage], record: dict, log=None) -> None:
     """Orchestrator side: take the worker's dvc.lock entry and uncached outs, then `dvc pull` the stage's outs."""
     name = record["stage"]
-    write_files(root, record.get("files", {}))
+    # the worker returns the stage's uncached outs; nothing else of this checkout may be overwritten by it
+    write_files(root, record.get("files", {}), {o for o in stages[name].outs if o not in stages[name].cached_outs})
     path = root / "dvc.lock"
     with dvc_repo_lock(root):  # other stages of this run may be committing to dvc.lock right now
         doc = (yaml.safe_load(path.read_text()) if path.exists() else None) or {"schema": "2.0", "stages": {}}
@@ -325,12 +342,15 @@ def pipeline(
     """Run the dvc.yaml stages (or `targets` and, if `upstream`, their upstreams) as Prefect tasks.
 
     force: `dvc repro --force` each selected stage. dry_run: return the plan, run nothing. remote: pull deps
-    and push outs around each stage (GPU workers). files: small files to write first (sent by the orchestrator).
+    and push outs around each stage (GPU workers). files: small files to write first (sent by the orchestrator):
+    only dvc.lock, the targets' params files and upstream uncached outs (`sendable_files`); code, dvc.yaml or any
+    other path is refused before anything is written, so the stages run the code of the checked-out commit.
     """
     r = Path(root or PROJECT).resolve()
-    if files:
-        write_files(r, files)
     stages = lin.load_stages(r)
+    if files:
+        write_files(r, files, sendable_files(stages, targets))
+        stages = lin.load_stages(r)  # params files may have changed templated values
     graph = lin.build_graph(stages)
     cfg = load_prefect_params(r, stages)
     levels = lin.plan(graph, targets, upstream)

@@ -94,12 +94,25 @@ def run(p: DataParams, out: Path = OUT, report: Path = REPORT, cache_dir: Path =
            "benchmark": Limits(v.benchmark_rows, chunk_rows=v.chunk_rows),
            "train": Limits(v.train_rows, chunk_rows=v.chunk_rows)}
     reports = []
+    staged: list[Path] = []
+
+    def report_dicts(rs) -> list[dict]:
+        # outputs are validated in atomic_dir's randomly named temp dir: report them under their final path, so
+        # the report names the file a user will find, and reruns write the same report
+        ds = [r.to_dict() for r in rs]
+        for d in ds:
+            for tmp in staged:
+                if d["file"].startswith(str(tmp)):
+                    d["file"] = str(out) + d["file"][len(str(tmp)):]
+        return ds
+
     try:
         prepared = build(p, cache_dir)
         # Inputs first, so a bad source row is reported at its own file:line.
         inputs = [(f, k, lim[k]) for k, files in prepared.inputs.items() for f in files]
         reports += check_files(inputs)
         with atomic_dir(out) as tmp:
+            staged.append(tmp)
             counts = {"corpus": write_jsonl(tmp / "corpus.jsonl", prepared.corpus)}
             for name, rows in prepared.benchmarks.items():
                 counts[f"benchmarks/{name}"] = write_jsonl(tmp / "benchmarks" / f"{name}.jsonl", rows)
@@ -113,12 +126,12 @@ def run(p: DataParams, out: Path = OUT, report: Path = REPORT, cache_dir: Path =
                         "files": {str(f.relative_to(tmp)): sha256_file(f) for f in sorted(tmp.rglob("*.jsonl"))}}
             write_json(tmp / "manifest.json", manifest)
     except ValidationFailed as e:
-        write_json(report, {"success": False, "reports": [r.to_dict() for r in reports + e.reports]})
+        write_json(report, {"success": False, "reports": report_dicts(reports + e.reports)})
         raise
     except DataError as e:
-        write_json(report, {"success": False, "error": str(e), "reports": [r.to_dict() for r in reports]})
+        write_json(report, {"success": False, "error": str(e), "reports": report_dicts(reports)})
         raise
-    write_json(report, {"success": True, "reports": [r.to_dict() for r in reports]})
+    write_json(report, {"success": True, "reports": report_dicts(reports)})
     return {"source": p.source, "rows": counts, "train_sources": _by_source(prepared.train_pool),
             "seconds": round(time.time() - t0, 2)}
 

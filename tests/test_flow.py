@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -273,6 +274,32 @@ def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mo
     assert lock_md5s(repo, "count", "outs") == lock_md5s(worker, "count", "outs")
     assert json.loads(dvc(repo, "status", "--json")) == {}  # the adopted lock entry matches the workspace
     assert "/count.txt" in (repo / "out/.gitignore").read_text().split()  # git-ignored like a local repro
+
+
+def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows_mod, tmp_path):
+    """A flow run's `files` cannot replace code or dvc.yaml on a worker; the orchestrator adopts only the stage's
+    declared uncached outs from a worker's record."""
+    repo = chain_repo(tmp_path / "toy")
+    fp = flows_mod
+    stages = fp.lin.load_stages(repo)
+    assert fp.sendable_files(stages, ["count"]) == {"dvc.lock", "params.yaml"}
+    code = {p: (repo / p).read_text() for p in ("count.py", "dvc.yaml", "params.yaml")}
+    for bad in ("count.py", "dvc.yaml", "./make.py", "data/raw/0.txt", "out/count.txt"):
+        with pytest.raises(ValueError, match=f"refusing to write '{re.escape(bad)}'.*dvc.lock, params.yaml"):
+            fp.pipeline.fn(root=str(repo), targets=["count"], upstream=False, dry_run=True,
+                           files={"params.yaml": "toy: {n: 1}\n", bad: "import os; os.system('boom')\n"})
+    assert {p: (repo / p).read_text() for p in code} == code          # refused before anything was written
+    with pytest.raises(ValueError, match="inside the project"):
+        fp.write_files(repo, {"../escape.txt": "x"}, {"../escape.txt"})
+    new_params = code["params.yaml"].replace("scale: 2", "scale: 3")
+    fp.pipeline.fn(root=str(repo), targets=["count"], upstream=False, dry_run=True,
+                   files={"params.yaml": new_params, "dvc.lock": "schema: '2.0'\nstages: {}\n"})
+    assert (repo / "params.yaml").read_text() == new_params and (repo / "dvc.lock").is_file()
+    record = {"stage": "count", "lock": {"cmd": "python count.py"},
+              "files": {"metrics/count.json": "{}\n", "count.py": "evil\n"}}
+    with pytest.raises(ValueError, match="refusing to write 'count.py'.*metrics/count.json, reports/count.md"):
+        fp.adopt_remote_result(repo, stages, record)
+    assert (repo / "count.py").read_text() == code["count.py"] and not (repo / "metrics/count.json").exists()
 
 
 def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypatch):

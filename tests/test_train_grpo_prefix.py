@@ -106,3 +106,37 @@ def test_shared_prefix_lora_uses_the_adapter_free_model_as_kl_reference(tiny, tm
     # adapters moved and the adapter-free reference differs
     assert res.log_history[0]["reward_std"] > 0
     assert res.log_history[0]["kl"] == pytest.approx(0.0, abs=1e-6) and res.log_history[1]["kl"] > 1e-6
+
+
+def test_bookkeeping_params_resume_and_model_params_restart(tiny, tmp_path):
+    """save_steps / save_total_limit / micro-batch size do not change the model: a run resumes across them; a
+    learning-rate change does, and restarts. Checkpoints load with torch.load(weights_only=True)."""
+    import torch
+
+    path, _ = tiny
+    params = GRPOParams(steps=2, prompts_per_step=2, num_generations=4, micro_batch_size=8, lr=1e-3,
+                        max_completion_length=4, save_steps=1, save_total_limit=2, trainer="shared_prefix")
+    reward = answer_reward_func("stage1", alpha=0.5, max_words=2)
+    first = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), params, reward)
+    assert first.resumed_from is None and checkpoint_steps(tmp_path / "ck") == [1, 2]
+    state = torch.load(tmp_path / "ck" / "checkpoint-2" / "state.pt", weights_only=True)
+    assert {"trainable", "optimizer", "scheduler", "torch_rng", "py_rng"} <= set(state)
+    moved = params.model_copy(update={"save_steps": 2, "save_total_limit": 3, "micro_batch_size": 4,
+                                      "gradient_checkpointing": True})
+    again = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), moved, reward)
+    assert again.resumed_from == 2 and again.global_step == 2 and checkpoint_steps(tmp_path / "ck") == [1, 2]
+    assert again.extra["fingerprint"] == first.extra["fingerprint"]
+    other = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), params.model_copy(update={"lr": 2e-3}),
+                                     reward)
+    assert other.resumed_from is None and other.extra["fingerprint"] != first.extra["fingerprint"]
+
+
+def test_sft_fingerprint_covers_the_optimiser_batch_not_its_split():
+    from ragteam.train.common import model_params
+    from ragteam.train.sft import SFTParams
+
+    base = SFTParams(batch_size=4, grad_accum=1, lr=1e-3, max_length=64, save_steps=5)
+    same = base.model_copy(update={"batch_size": 2, "grad_accum": 2, "save_steps": 1, "save_total_limit": 9})
+    assert model_params(same) == model_params(base) and model_params(base)["effective_batch"] == 4
+    assert model_params(base.model_copy(update={"grad_accum": 2})) != model_params(base)
+    assert model_params(base.model_copy(update={"max_length": 128})) != model_params(base)

@@ -136,7 +136,8 @@ def save_agent(result: TrainResult, out_dir: str | Path, card: str | None = None
         model = unwrap_model(result.model)
         model.save_pretrained(tmp, safe_serialization=True)
         result.tokenizer.save_pretrained(tmp)
-        write_json(tmp / TRAIN_INFO, {"fingerprint": result.extra.get("fingerprint"), "global_step": result.global_step})
+        write_json(tmp / TRAIN_INFO, {"fingerprint": result.extra.get("fingerprint"),
+                                      "global_step": result.global_step})
         if card is not None:
             (tmp / "README.md").write_text(card, encoding="utf-8")
     return Path(out_dir)

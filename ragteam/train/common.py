@@ -58,6 +58,23 @@ class GRPOParams(Strict):
         return self
 
 
+# Params that decide how a run is carried out, not what it trains: memory (micro-batches, gradient checkpointing,
+# vLLM's memory share) and checkpoint bookkeeping. Changing one must resume a run, not discard its only resume state.
+BOOKKEEPING = frozenset({"save_steps", "save_total_limit", "micro_batch_size", "gradient_checkpointing",
+                         "vllm_gpu_memory_utilization"})
+
+
+def model_params(params: BaseModel) -> dict[str, Any]:
+    """The params that change the trained model: what the checkpoint fingerprint covers.
+
+    SFT's `batch_size` x `grad_accum` enter as their product (the optimiser's batch): 4 x 1 and 2 x 2 train the same.
+    """
+    out = {k: v for k, v in params.model_dump().items() if k not in BOOKKEEPING}
+    if "batch_size" in out and "grad_accum" in out:
+        out["effective_batch"] = out.pop("batch_size") * out.pop("grad_accum")
+    return out
+
+
 class GRPOSample(BaseModel):
     """One GRPO prompt: chat messages and the golden answers the reward compares against."""
 

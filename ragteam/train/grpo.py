@@ -13,7 +13,8 @@ from typing import Any, Literal
 from ragteam.eval.metrics import exact_match
 from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
-from ragteam.train.common import GRPOParams, GRPOSample, Messages, device_args, lora_config, validate_samples
+from ragteam.train.common import (GRPOParams, GRPOSample, Messages, device_args, lora_config, model_params,
+                                  validate_samples)
 
 
 def completion_text(completion: str | Messages) -> str:
@@ -101,7 +102,7 @@ def train_grpo(
     # meta travels as JSON (Arrow wants one schema); rewards that need it decode it (see maps.query_reward_func)
     data = [{"prompt": s.prompt, "golden_answers": s.golden_answers, "id": s.id,
              "meta": json.dumps(s.meta, sort_keys=True)} for s in rows]
-    fp = fingerprint(kind="grpo", params=params.model_dump(), model=model_identity(model_path), data=data,
+    fp = fingerprint(kind="grpo", params=model_params(params), model=model_identity(model_path), data=data,
                      tag=run_tag or {})
     resume = prepare_resume(ckpt_dir, fp)
     trainer = GRPOTrainer(

@@ -24,7 +24,7 @@ from typing import Any
 
 from ragteam.io import write_json
 from ragteam.train.checkpoints import TrainResult, checkpoint_steps, fingerprint, model_identity, prepare_resume
-from ragteam.train.common import GRPOParams, GRPOSample, lora_config, validate_samples
+from ragteam.train.common import GRPOParams, GRPOSample, lora_config, model_params, validate_samples
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _save(ckpt_dir: Path, step: int, model, opt, sched, history: list[dict], kee
 def _load(path: Path, model, opt, sched) -> tuple[int, list[dict]]:
     import torch
 
-    state = torch.load(path / "state.pt", weights_only=False)
+    state = torch.load(path / "state.pt", weights_only=True)  # tensors and plain containers only: no code
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n, t in state["trainable"].items():
@@ -125,7 +125,7 @@ def train_grpo_shared_prefix(
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     data = [{"prompt": s.prompt, "golden_answers": s.golden_answers, "id": s.id,
              "meta": json.dumps(s.meta, sort_keys=True)} for s in rows]
-    fp = fingerprint(kind="grpo", params=params.model_dump(), model=model_identity(model_path), data=data,
+    fp = fingerprint(kind="grpo", params=model_params(params), model=model_identity(model_path), data=data,
                      tag=run_tag or {}, trainer="shared_prefix")
     resume = prepare_resume(ckpt_dir, fp)
     torch.manual_seed(params.seed)

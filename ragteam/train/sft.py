@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragteam.config import Strict
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
-from ragteam.train.common import LoraParams, Messages, device_args, lora_config, validate_samples
+from ragteam.train.common import LoraParams, Messages, device_args, lora_config, model_params, validate_samples
 
 
 class SFTParams(Strict):
@@ -85,7 +85,7 @@ def train_sft(samples: Sequence[SFTSample | dict], model_path: str, ckpt_dir: st
     from transformers import AutoTokenizer
 
     rows, dropped = sft_rows(samples, AutoTokenizer.from_pretrained(model_path), params.max_length)
-    fp = fingerprint(kind="sft", params=params.model_dump(), model=model_identity(model_path), data=rows,
+    fp = fingerprint(kind="sft", params=model_params(params), model=model_identity(model_path), data=rows,
                      tag=run_tag or {})
     resume = prepare_resume(ckpt_dir, fp)
     trainer = sft_trainer(rows, model_path, ckpt_dir, params, callbacks)
