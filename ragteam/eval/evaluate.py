@@ -13,6 +13,8 @@ from pydantic import Field
 
 from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import run_debate
+from ragteam.agents.ircot import ROLE as REASONER, run_ircot
+from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.config import Strict
 from ragteam.eval.metrics import answer_metrics
@@ -20,11 +22,12 @@ from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps"]
+Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "ircot", "sure"]
 MapsRole = Literal["query_agent", "judge_agent", "answer_agent"]
 ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (GENERATOR,),
          "drag": ("proponent", "opponent", "moderator", "answer_agent"),
-         "maps": ("query_agent", "judge_agent", "answer_agent")}
+         "maps": ("query_agent", "judge_agent", "answer_agent"),
+         "ircot": (REASONER,), "sure": SURE_ROLES}
 SCORE_KEYS = ("em", "f1", "acc")
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
 
@@ -74,6 +77,10 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         eps = run_iter_retgen(rows, team, retriever, baselines, system=name)
     elif spec.workflow == "drag":
         eps = run_debate(rows, team, retriever, maps_cfg.debate, answer=True, system=name)
+    elif spec.workflow == "ircot":
+        eps = run_ircot(rows, team, retriever, baselines.ircot, system=name)
+    elif spec.workflow == "sure":
+        eps = run_sure(rows, team, retriever, baselines.sure, system=name)
     else:
         cfg = maps_cfg if spec.fixed_rounds is None else maps_cfg.model_copy(update={"fixed_rounds": spec.fixed_rounds})
         eps = run_maps(rows, team, retriever, cfg, system=name)
