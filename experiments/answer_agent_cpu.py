@@ -181,6 +181,7 @@ def main(argv=None):
         return
 
     from ragteam.train.curves import curve_rows, summarize, write_curves
+    from ragteam.rewards.maps import AnswerReward
     from ragteam.train.grpo import GRPOParams, answer_reward_func, train_grpo
     from ragteam.train.grpo_prefix import train_grpo_shared_prefix
 
@@ -193,7 +194,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     trainer = {"trl": train_grpo, "shared_prefix": train_grpo_shared_prefix}[args.trainer]
     res = trainer(train, args.model, f"/tmp/answer_agent_cpu_ckpt/{args.name}", params,
-                     answer_reward_func(args.stage, args.alpha, args.max_words, args.min_words),
+                     answer_reward_func(AnswerReward(args.stage, args.alpha, args.max_words, args.min_words)),
                      run_tag={"study": args.name, "alpha": args.alpha, "l": args.max_words, "stage": args.stage,
                               "min_words": args.min_words})
     train_s = time.perf_counter() - t0

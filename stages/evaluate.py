@@ -1,8 +1,10 @@
 """Stage evaluate: every system of `eval.systems` on the first `eval.n_questions` of each benchmark.
 
 Writes results/eval/<system>/<benchmark>.jsonl (Episodes: every agent call, prompt, parse, tokens, retrieved ids),
-metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc in % + cost per question}}), reports/eval.md (MAPS Table 1
-layout + cost columns) and reports/figures/eval_*.png. Outputs are swapped in only when every system finished.
+metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc in % + cost per question + em_ci/f1_ci bootstrap intervals}}),
+metrics/eval_compare.json (paired-bootstrap differences for the eval.compare pairs), reports/eval.md (MAPS Table 1
+layout + cost columns, intervals, differences) and reports/figures/eval_*.png. Outputs are swapped in only when every
+system finished.
 """
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+from ragteam.agents.jade_workflow import JadeConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
-from ragteam.eval.evaluate import EvalConfig, make_team, run_system, summarize, with_average
+from ragteam.eval.evaluate import (EvalConfig, WorkflowConfigs, add_intervals, compare_systems, comparison_pairs,
+                                   make_team, question_scores, run_system, summarize, with_average)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, write_json
@@ -24,6 +28,7 @@ from ragteam.records import write_episodes
 BENCHMARKS = Path("data/prepared/benchmarks")
 RESULTS = Path("results/eval")
 METRICS = Path("metrics/eval.json")
+DIFFERENCES = Path("metrics/eval_compare.json")
 REPORT = Path("reports/eval.md")
 FIGURES = Path("reports/figures")
 
@@ -39,10 +44,16 @@ def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[d
     return {n: load_qa(root / f"{n}.jsonl")[: ev.n_questions] for n in order_benchmarks(names)}
 
 
-def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
+def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
         results: Path = RESULTS, report: Path = REPORT, figures: Path = FIGURES, retriever=None,
-        engines: EnginePool | None = None) -> dict:
-    """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject)."""
+        engines: EnginePool | None = None, differences: Path = DIFFERENCES) -> dict:
+    """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject).
+
+    `cfgs`: the workflows' params sections (a bare MapsConfig = the other sections at their defaults)."""
+    if isinstance(cfgs, MapsConfig):
+        cfgs = WorkflowConfigs(maps=cfgs)
+    cfgs = cfgs.model_copy(update={"baselines": ev.baselines})
+    used = {s.workflow for s in ev.systems.values()}
     t0 = time.perf_counter()
     qa = load_benchmarks(ev, benchmarks)
     needs_retrieval = any(s.workflow != "native" for s in ev.systems.values())
@@ -54,11 +65,12 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
     # All benchmarks of a system run as one batch: every step is one engine call over all their questions.
     rows = [dict(r, _benchmark=b) for b, rs in qa.items() for r in rs]
     metrics: dict = {}
+    scores: dict = {}  # system -> benchmark -> em/f1 per question, for the bootstrap
     with atomic_dir(results) as tmp:
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
             team = make_team(engines, spec, ev.agents, llm.model, llm.sampling)
-            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name)
+            eps = run_system(spec, rows, team, retriever, cfgs, name)
             per = {}
             for b in qa:
                 mine = [e for e, r in zip(eps, rows) if r["_benchmark"] == b]
@@ -66,7 +78,8 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
                     e.meta["benchmark"] = b
                 write_episodes(tmp / name / f"{b}.jsonl", mine)
                 per[b] = summarize(mine)
-            metrics[name] = with_average(per)
+                scores.setdefault(name, {})[b] = question_scores(mine)
+            metrics[name] = add_intervals(with_average(per), scores[name], ev.bootstrap)
             a = metrics[name]["avg"]
             print(f"evaluate: {name}: EM {a['em']:.2f} F1 {a['f1']:.2f} on {len(rows)} questions, "
                   f"{time.perf_counter() - ts:.1f} s, engine calls {team.calls}", flush=True)
@@ -75,25 +88,38 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
     scores_png = plot_scores(metrics, benches, figures / "eval_scores.png")
     context = {"base model": llm.model, "backend": f"{llm.backend} ({llm.device}, {llm.dtype})",
                "retriever": ev.retriever, "questions per benchmark (max)": ev.n_questions,
-               "MAPS": f"max_rounds {maps_cfg.max_rounds}, top_k {maps_cfg.top_k}, fixed_rounds "
-                       f"{maps_cfg.fixed_rounds}, max_chunks {maps_cfg.max_chunks}",
+               "MAPS": f"max_rounds {cfgs.maps.max_rounds}, top_k {cfgs.maps.top_k}, fixed_rounds "
+                       f"{cfgs.maps.fixed_rounds}, max_chunks {cfgs.maps.max_chunks}",
                "trained agents": dict(ev.agents) or "none (every role uses the base model)",
+               **({"JADE": _jade_context(cfgs.jade)} if "jade" in used else {}),
+               **({"QAgent": f"max_turns {cfgs.qagent.max_turns}, max_queries {cfgs.qagent.max_queries}, top_k "
+                             f"{cfgs.qagent.top_k} per query, passage_words {cfgs.qagent.passage_words}"}
+                  if used & {"qagent", "qagent_plugin"} else {}),
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
+    diffs = compare_systems(scores, comparison_pairs(ev.systems, ev.compare), ev.bootstrap)
+    write_json(differences, diffs)
     md = report_markdown(metrics, benches, context,
-                         [os.path.relpath(p, report.parent) for p in (cost_png, scores_png)])
+                         [os.path.relpath(p, report.parent) for p in (cost_png, scores_png)], diffs,
+                         ev.bootstrap.model_dump())
     with atomic_file(report) as f:
         f.write(md)
     publish_prefect_artifact(md)
     return metrics
 
 
+def _jade_context(cfg: JadeConfig) -> str:
+    r = cfg.reward
+    return (f"max_rounds {cfg.max_rounds}, top_k {cfg.top_k}, passage_words {cfg.passage_words}, serial_rewrite "
+            f"{cfg.serial_rewrite}; reward α {r.alpha}, β {r.beta}, cost max {r.cost_max}, format penalty "
+            f"{r.format_penalty}")
+
+
 def main() -> None:
     try:
         params = load_params()
         llm = parse_section(params, "llm", LLMConfig)
-        maps_cfg = parse_section(params, "maps", MapsConfig)
         ev = parse_section(params, "eval", EvalConfig)
-        metrics = run(llm, maps_cfg, ev)
+        metrics = run(llm, WorkflowConfigs.from_params(params, ev.baselines), ev)
     except (ParamsError, DataError) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.data import synthesis
 from ragteam.data.validate import Limits, ValidationFailed, check_files
 from ragteam.io import DataError, atomic_dir, write_json, write_jsonl
 from ragteam.llm import EnginePool, LLMConfig
-from ragteam.train.stage import AGENTS, SYNTHESIS, LabelJudgeParams, Timer, load_rows
+from ragteam.train import synthesis
+from stages.common import AGENTS, SYNTHESIS, LabelJudgeParams, Timer, load_rows
 
 STAGE = "label_judge"
 CANDIDATES = SYNTHESIS / "judge_candidates.jsonl"
@@ -32,7 +32,8 @@ def run(lp: LabelJudgeParams, llm: LLMConfig, maps_cfg: MapsConfig, out: Path = 
     team = (engines or EnginePool(llm)).team({"answer_agent": str(ANSWER_AGENT)}, llm.model, llm.sampling)
     print(f"{STAGE}: {len(cands)} candidates x {lp.n_samples} samples (T={lp.temperature})", flush=True)
     rows, stats = synthesis.label_judge(cands, team, lp.n_samples, lp.temperature, lp.max_new_tokens,
-                                        maps_cfg.passage_words, lp.seed, lp.metric)
+                                        maps_cfg.passage_words, lp.seed, lp.metric, lp.sufficient_min,
+                                        lp.insufficient_max)
     for label in (synthesis.SUFFICIENT, synthesis.INSUFFICIENT):
         if stats[label] < lp.min_per_label:
             raise DataError(f"{STAGE}: only {stats[label]} '{label}' labels out of {len(cands)} candidates "
@@ -54,7 +55,7 @@ def main() -> None:
         llm = parse_section(params, "llm", LLMConfig)
         maps_cfg = parse_section(params, "maps", MapsConfig)
         metrics = run(lp, llm, maps_cfg)
-    except (ParamsError, DataError) as e:
+    except (ParamsError, DataError, ValueError) as e:
         extra = " (previous data/judge left untouched)" if isinstance(e, (ValidationFailed, DataError)) else ""
         sys.exit(f"{STAGE} FAILED{extra}: {e}")
     write_json(f"metrics/{STAGE}.json", metrics)

@@ -24,6 +24,7 @@ class SyntheticParams(Strict):
     n_passages: int
     n_train: int
     n_dev: int
+    question_mix: dict[str, float] | None = None   # template -> weight (ragteam.data.synthetic.QUESTION_TYPES)
 
 
 class MirrorParams(Strict):
@@ -85,7 +86,7 @@ class DataParams(Strict):
 def build(p: DataParams, cache_dir: Path) -> sources.Prepared:
     if p.source == "synthetic":
         s = p.synthetic
-        return sources.from_synthetic(s.n_passages, s.n_train, s.n_dev, p.seed)
+        return sources.from_synthetic(s.n_passages, s.n_train, s.n_dev, p.seed, s.question_mix)
     if p.source.startswith("mirror:"):
         m = p.mirror
         return sources.from_mirror(p.source[len("mirror:"):], m.benchmarks, m.train_from, m.train_fraction, p.seed)

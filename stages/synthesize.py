@@ -12,12 +12,12 @@ from pydantic import Field
 
 from ragteam.agents.debate import DebateConfig
 from ragteam.config import ParamsError, Strict, load_params, parse_section
-from ragteam.data import synthesis
 from ragteam.data.formats import load_qa
 from ragteam.data.validate import Limits, ValidationFailed, check_files
 from ragteam.io import DataError, atomic_dir, write_json, write_jsonl
 from ragteam.llm import EnginePool, LLMConfig
 from ragteam.records import write_episodes
+from ragteam.train import synthesis
 
 OUT = Path("data/synthesis")
 

@@ -1,5 +1,6 @@
 """Stage train_answer (MAPS Algorithm 1 step 3): GRPO stage 1 on top-3 samples of T1 with R_a1 (Eq. 4), then
-stage 2 on top-5 samples with R_a2 (Eq. 5) from the stage-1 model.
+stage 2 on top-5 samples with R_a2 (Eq. 5) from the stage-1 model (`stage1_reward: stage2` trains both stages with
+Eq. 5: MAPS Figure 3's single-reward design).
 
 Writes models/agents/answer (safetensors + model card), reports/training/train_answer.csv (+ PNG) and
 metrics/train_answer.json. Resumes from checkpoints/train_answer after a kill.
@@ -12,7 +13,7 @@ from ragteam.io import DataError
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import summarize
 from ragteam.train.maps import answer_samples, train_answer_agent
-from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainAnswerParams,
+from stages.common import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainAnswerParams,
                                  finish_agent, load_rows, run_openrlhf, stage_main)
 
 STAGE, AGENT = "train_answer", "answer"
@@ -46,8 +47,11 @@ def run(tp: TrainAnswerParams, llm: LLMConfig, maps_cfg: MapsConfig, orl: OpenRL
         # steps not run in this session: stage 1's resume point, plus all of stage 1 when stage 2 resumed
         result.resumed_from = (st1["global_step"] + result.resumed_from if result.resumed_from is not None
                                else st1["resumed_from"])
-    reward = (f"stage 1: R_a1 = EM + α·PR + L(y) (Eq. 4); stage 2: R_a2 = EM + α·F1 + L(y) (Eq. 5); "
-              f"α = {tp.alpha}, l = {tp.max_words} words, min_words = {tp.min_words}")
+    stage1_eq = ("R_a1 = EM + α·PR + L(y) (Eq. 4)" if tp.stage1_reward == "stage1"
+                 else "R_a2 = EM + α·F1 + L(y) (Eq. 5, Figure 3's single reward)")
+    reward = (f"stage 1: {stage1_eq}; stage 2: R_a2 = EM + α·F1 + L(y) (Eq. 5); y = the parsed answer; "
+              f"α = {tp.alpha}, l = {tp.max_words} words, min_words = {tp.min_words}, "
+              f"no parseable answer -> {tp.format_penalty if tp.format_penalty is not None else 'the empty answer'}")
     metrics = finish_agent(
         result, curve, stage=STAGE, agent=AGENT, base_model=llm.model, backend=f"trl/{tp.stage1.trainer}",
         data={"t1_answer": T1}, params={**tp.model_dump(), **common}, reward=reward,
@@ -74,8 +78,7 @@ def run_openrlhf_backend(tp: TrainAnswerParams, llm: LLMConfig, s1, s2, orl: Ope
     for st, s, p, out in (("stage1", s1, tp.stage1, CHECKPOINTS / STAGE / "stage1_model"),
                           ("stage2", s2, tp.stage2, AGENTS / AGENT)):
         jobs.append(prepare_answer_grpo_job(s, JOBS / STAGE / st, model_path=str(model), output_dir=str(out),
-                                            params=p, stage=st, alpha=tp.alpha, max_words=tp.max_words,
-                                            min_words=tp.min_words, special_tokens=special, cluster=orl))
+                                            params=p, reward=tp.reward(st), special_tokens=special, cluster=orl))
         model = out
     run_openrlhf(jobs, STAGE, orl)
     return {"backend": "openrlhf", "stage1_samples": len(s1), "stage2_samples": len(s2)}

@@ -10,9 +10,9 @@ from pathlib import Path
 from ragteam.config import ParamsError, parse_section
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import curve_rows
-from ragteam.train.maps import judge_samples
+from ragteam.train.maps import judge_samples, oversample_labels
 from ragteam.train.sft import train_sft
-from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, OpenRLHFParams, TrainJudgeParams, finish_agent,
+from stages.common import (AGENTS, CHECKPOINTS, JOBS, OpenRLHFParams, TrainJudgeParams, finish_agent,
                                  load_rows, run_openrlhf, stage_main)
 
 STAGE, AGENT = "train_judge", "judge"
@@ -22,6 +22,8 @@ T3 = Path("data/judge/t3_judge.jsonl")
 def run(tp: TrainJudgeParams, llm: LLMConfig, orl: OpenRLHFParams | None = None) -> dict:
     samples = judge_samples(load_rows(T3, "judge labels T3, stage label_judge"), where=str(T3))
     labels = Counter(s.completion for s in samples)
+    if tp.balance == "oversample":
+        samples = oversample_labels(samples)
     print(f"{STAGE}: SFT on {len(samples)} labelled snapshots {dict(labels)}, backend {tp.backend}", flush=True)
     if tp.backend == "openrlhf":
         from ragteam.train.openrlhf import prepare_sft_job
@@ -38,6 +40,7 @@ def run(tp: TrainJudgeParams, llm: LLMConfig, orl: OpenRLHFParams | None = None)
         data={"t3_judge": T3}, params=tp.model_dump(),
         reward="SFT, cross-entropy on the assistant turn only (the unanimity label)",
         extra_metrics={"samples": result.extra["samples"], "dropped_too_long": result.extra["dropped_too_long"],
+                       "balance": tp.balance,
                        **{f"label_{k.split()[0].lower()}": v for k, v in labels.items()}},
         title="judge agent (SFT)")
 

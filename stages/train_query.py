@@ -14,7 +14,7 @@ from ragteam.llm import EnginePool, LLMConfig
 from ragteam.train.curves import curve_rows
 from ragteam.train.grpo import train_grpo
 from ragteam.train.maps import AnswerPairs, query_reward_func, query_samples
-from ragteam.train.stage import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainQueryParams,
+from stages.common import (AGENTS, CHECKPOINTS, JOBS, SYNTHESIS, OpenRLHFParams, TrainQueryParams,
                                  finish_agent, load_rows, run_openrlhf, stage_main)
 
 STAGE, AGENT = "train_query", "query"

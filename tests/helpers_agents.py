@@ -9,8 +9,8 @@ import functools
 import re
 from collections.abc import Callable
 
-from ragteam.agents import baselines, maps
-from ragteam.llm import Completion, Messages, SamplingConfig
+from ragteam.agents import baselines, jade, maps, qagent
+from ragteam.llm import Completion, Messages, SamplingConfig, find_stop
 from ragteam.retrieval.base import Hit
 
 _ROLE_BY_SYSTEM = [
@@ -18,6 +18,9 @@ _ROLE_BY_SYSTEM = [
     (maps.ANSWER_AGENT_SYSTEM[:80], "answer_agent"), (maps.PROPONENT_SYSTEM[:40], "proponent"),
     (maps.OPPONENT_SYSTEM[:40], "opponent"), (maps.MODERATOR_SYSTEM[:40], "moderator"),
     (baselines.NATIVE_SYSTEM[:60], "generator"), (baselines.RAG_SYSTEM[:60], "generator"),
+    (jade.PLANNER_SYSTEM, jade.PLANNER), (jade.QR_SYSTEM, jade.QR), (jade.QDS_SYSTEM, jade.QDS),
+    (jade.QDP_SYSTEM, jade.QDP), (jade.DS_SYSTEM, jade.DS), (jade.AG_SYSTEM, jade.AG), (jade.AS_SYSTEM, jade.AS),
+    (qagent.QAGENT_PROMPT[:60], "qagent"),   # QAgent's prompt is the user message (no system prompt)
 ]
 
 
@@ -42,7 +45,11 @@ def n_queries(messages: Messages) -> int:
 
 
 class ScriptedEngine:
-    """An Engine whose reply is reply(role, messages); logs every generate call as (roles, n_prompts)."""
+    """An Engine whose reply is reply(role, messages); logs every generate call as (roles, n_prompts).
+
+    Stop strings act as in the real engines: the reply is cut before the earliest one, which is reported as the
+    completion's stop_reason.
+    """
 
     model_path = "scripted"
 
@@ -50,17 +57,19 @@ class ScriptedEngine:
         self.reply = reply
         self.log: list[tuple[str, int]] = []
         self.prompts: list[list[Messages]] = []
+        self.samplings: list[SamplingConfig] = []
 
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         roles = {role_of(m) for m in prompts}
         assert len(roles) == 1, f"one engine call mixed roles {roles}"
         self.log.append((roles.pop(), len(prompts)))
         self.prompts.append(prompts)
+        self.samplings.append(sampling)
         out = []
         for m in prompts:
-            text = self.reply(role_of(m), m)
+            text, stop = find_stop(self.reply(role_of(m), m), sampling.stop)
             n_prompt = sum(len(x["content"].split()) for x in m)
-            out.append([Completion(text, n_prompt, len(text.split()) + 1, "stop")] * sampling.n)
+            out.append([Completion(text, n_prompt, len(text.split()) + 1, "stop", stop)] * sampling.n)
         return out
 
     def steps(self, role: str) -> list[int]:

@@ -6,9 +6,7 @@ from helpers_agents import KeywordRetriever
 
 from ragteam.agents import ircot, sure
 from ragteam.agents.core import FormatError
-from ragteam.agents.baselines import BaselineConfig
-from ragteam.agents.maps_workflow import MapsConfig
-from ragteam.eval.evaluate import ROLES, SystemSpec, run_system
+from ragteam.eval.evaluate import ROLES, SystemSpec, WorkflowConfigs, run_system
 from ragteam.llm import Completion, Team
 from ragteam.retrieval.base import Hit
 
@@ -209,8 +207,8 @@ def test_sure_prompts_and_parsers():
 def test_eval_runs_and_scores_the_new_workflows(workflow):
     reply = _ircot_reply if workflow == "ircot" else _sure_reply
     eng = RoleEngines(reply)
-    eps = run_system(SystemSpec(workflow=workflow), ROWS, Team(eng), KeywordRetriever(PASSAGES), MapsConfig(),
-                     BaselineConfig(), workflow)
+    eps = run_system(SystemSpec(workflow=workflow), ROWS, Team(eng), KeywordRetriever(PASSAGES), WorkflowConfigs(),
+                     workflow)
     assert {r for r, _ in eng.log} == set(ROLES[workflow])
     assert eps[0].metrics["em"] == 1.0 and eps[0].system == workflow
 

@@ -126,6 +126,28 @@ def test_parse_answer_caps_a_single_long_sentence_and_rejects_empty():
         assert isinstance(maps.parse_answer(raw), FormatError), raw
 
 
+@pytest.mark.parametrize("raw, answer", [
+    ("The answer to this question is:\nAda Lovelace", "Ada Lovelace"),         # the answer below its lead-in
+    ("The answer to this question is: Ada Lovelace.", "Ada Lovelace"),
+    ("Based on the given documents, the answer is: 1815", "1815"),
+    ("Sure! The answer to the question is:\n\n**London**", "London"),
+    ("Question: Who wrote it?\nAda Lovelace", "Ada Lovelace"),                # an echoed prompt line is skipped
+    ("Answer:\nThe answer is:\nLondon", "London"),
+    ("no", "no"), ("Yes.", "Yes"), ("Time: 10:30", "Time: 10:30"),            # short answers and colons survive
+])
+def test_parse_answer_reads_past_lead_ins(raw, answer):
+    assert maps.parse_answer(raw) == answer
+
+
+@pytest.mark.parametrize("raw", [
+    "The answer to this question is:", "The answer to this question is", "Based on the documents:",
+    'Doc 1(Title: "Ed Wood"): Ed Wood is a 1994 film', "Doc 3 (title: Paris) ...", "Question: who directed it?",
+    "The answer to this question is:\nThe answer is:",
+])
+def test_parse_answer_rejects_outputs_with_no_answer(raw):
+    assert isinstance(maps.parse_answer(raw), FormatError), raw
+
+
 # ---- debate ---------------------------------------------------------------------------------------------------------
 
 

@@ -106,7 +106,23 @@ def test_episode_records_cost_and_round_trip(tmp_path):
     assert ep.calls[0].retrieved_ids == ep.retrieved_ids[1]               # the query agent's call owns its hits
     write_episodes(tmp_path / "e.jsonl", eps)
     back = read_episodes(tmp_path / "e.jsonl")
-    assert [b.model_dump() for b in back] == [e.model_dump() for e in eps]
+    # the file is the reproducible record: ids from system/question, no wall time; everything else round-trips
+    assert [b.episode_id for b in back] == [f"maps/{e.question_id}" for e in eps]
+    assert all(c.episode_id == b.episode_id for b in back for c in b.calls)
+    assert [b.cost for b in back] == [{k: v for k, v in e.cost.items() if k != "seconds"} for e in eps]
+    skip = {"episode_id", "cost", "calls"}
+    assert [b.model_dump(exclude=skip) for b in back] == [e.model_dump(exclude=skip) for e in eps]
+    assert [[c.model_dump(exclude={"episode_id"}) for c in b.calls] for b in back] == \
+        [[c.model_dump(exclude={"episode_id"}) for c in e.calls] for e in eps]
+    # a second run (new random ids, other wall times) writes the same bytes; a repeated question gets #2
+    again = run_maps(rows(2), Team(ScriptedEngine(maps_reply({0: 1, 1: 2}))), corpus(2, 3, 2),
+                     MapsConfig(max_rounds=3, top_k=2))
+    again[0].cost["seconds"] += 1.0
+    assert again[0].episode_id != eps[0].episode_id
+    write_episodes(tmp_path / "again.jsonl", again)
+    assert (tmp_path / "again.jsonl").read_bytes() == (tmp_path / "e.jsonl").read_bytes()
+    write_episodes(tmp_path / "twice.jsonl", [*eps, *again])
+    assert [b.episode_id for b in read_episodes(tmp_path / "twice.jsonl")][2:] == ["maps/id0#2", "maps/id1#2"]
 
 
 # ---- DRAG -----------------------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.eval import report
-from ragteam.eval.evaluate import EvalConfig, score_episodes, summarize, with_average
+from ragteam.eval.evaluate import (BootstrapConfig, EvalConfig, SystemSpec, add_intervals, compare_systems,
+                                   comparison_pairs, score_episodes, summarize, with_average)
 from ragteam.io import write_jsonl
 from ragteam.llm import EngineConfig, EnginePool, LLMConfig
 from ragteam.records import AgentCall, Episode, read_episodes
@@ -61,8 +62,9 @@ def test_table_has_the_paper_layout_and_cost_columns():
     assert benches == ["hotpotqa", "2wikimultihopqa", "bamboogle", "zzz"]
     lines = report.table_markdown(_metrics(), ["hotpotqa", "bamboogle"]).splitlines()
     assert lines[0] == ("| Method | HotpotQA EM | HotpotQA F1 | Bamboogle EM | Bamboogle F1 | Avg EM | Avg F1 "
-                        "| Avg Acc | LLM calls/q | Tokens/q | Retrievals/q | Seconds/q |")
-    assert lines[2] == "| native | 10.00 | 20.00 | 30.00 | 40.00 | 20.00 | 30.00 | 21.00 | 2.0 | 100 | 1.0 | 0.50 |"
+                        "| Avg Acc | LLM calls/q | Tokens/q | Retrievals/q | Seconds/q | Passages/q |")
+    assert lines[2] == ("| native | 10.00 | 20.00 | 30.00 | 40.00 | 20.00 | 30.00 | 21.00 | 2.0 | 100 | 1.0 | 0.50 "
+                        "| – |")                                              # passages: only where recorded
     assert lines[3].startswith("| maps | 50.00 | 60.00 | 70.00 | 80.00 | 60.00 | 70.00 |")
 
 
@@ -118,12 +120,13 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path):
     loads = []
     pool = EnginePool(EngineConfig(), loader=lambda path, cfg: loads.append(path) or engine)
     ret = KeywordRetriever([(f"T{i}{r}", f"text q{i}r{r}") for i in range(6) for r in range(2)])
-    ev = EvalConfig(benchmarks="all", n_questions=2, systems=SYSTEMS, agents={"answer_agent": "models/trained"})
+    systems = {**SYSTEMS, "maps_untrained": {"workflow": "maps"}}
+    ev = EvalConfig(benchmarks="all", n_questions=2, systems=systems, agents={"answer_agent": "models/trained"})
     out = tmp_path / "out"
     metrics = stage.run(LLMConfig(), MapsConfig(max_rounds=2, top_k=1), ev, benchmarks=_prepared(tmp_path),
                         results=out / "results", report=out / "eval.md", figures=out / "fig", retriever=ret,
-                        engines=pool)
-    assert list(metrics) == list(SYSTEMS) and list(metrics["maps"]) == ["hotpotqa", "bamboogle", "avg"]
+                        engines=pool, differences=out / "compare.json")
+    assert list(metrics) == list(systems) and list(metrics["maps"]) == ["hotpotqa", "bamboogle", "avg"]
     assert sorted(loads) == ["models/llm", "models/trained"]          # maps answer agent uses eval.agents
     for system in SYSTEMS:
         for bench in ("hotpotqa", "bamboogle"):
@@ -135,13 +138,23 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path):
     md = (out / "eval.md").read_text()
     assert "| Method | HotpotQA EM | HotpotQA F1 | Bamboogle EM" in md and "| maps | 50.00 |" in md
     assert "![eval_cost](fig/eval_cost.png)" in md and (out / "fig" / "eval_scores.png").is_file()
+    # 2 questions per benchmark, one right: EM 50 with the interval [0, 100] each; avg over 2 benchmarks [25, 75]
+    assert metrics["maps"]["hotpotqa"]["em_ci"] == [0.0, 100.0] and metrics["maps"]["avg"]["em_ci"] == [0.0, 100.0]
+    assert "| maps | 50.00 [0.00, 100.00] |" in md
+    diffs = json.loads((out / "compare.json").read_text())
+    assert list(diffs) == ["maps vs maps_untrained"]                  # derived: trained MAPS vs untrained
+    d = diffs["maps vs maps_untrained"]                               # the scripted engine ignores the checkpoint
+    assert (d["a"], d["b"], d["avg"]["n"]) == ("maps", "maps_untrained", 4)
+    assert d["hotpotqa"]["f1"] == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "n": 2, "significant": False}
+    assert "## Differences" in md and "| maps − maps_untrained | HotpotQA | 2 | 0.00 [0.00, 0.00] |" in md
 
 
 def test_evaluate_stage_rejects_unknown_benchmarks(tmp_path):
     ev = EvalConfig(benchmarks=["hotpotqa", "nq"], systems={"native": {"workflow": "native"}})
     with pytest.raises(stage.DataError, match=r"\['nq'\] not found"):
         stage.run(LLMConfig(), MapsConfig(), ev, benchmarks=_prepared(tmp_path), results=tmp_path / "r",
-                  report=tmp_path / "r.md", figures=tmp_path / "f", retriever=KeywordRetriever([("a", "b")]))
+                  report=tmp_path / "r.md", figures=tmp_path / "f", retriever=KeywordRetriever([("a", "b")]),
+                  differences=tmp_path / "d.json")
     assert not (tmp_path / "r").exists()
 
 
@@ -161,15 +174,16 @@ def test_end_to_end_every_system_with_smollm2_on_shared_hotpotqa(tmp_path, smoll
                           debate={"max_rounds": 2, "top_k": 2, "passage_words": 30})
     ev = EvalConfig(n_questions=3, systems=SYSTEMS, baselines={"top_k": 2, "iterations": 2, "passage_words": 30})
     metrics = stage.run(llm, maps_cfg, ev, benchmarks=bench, results=tmp_path / "res", report=tmp_path / "eval.md",
-                        figures=tmp_path / "fig", retriever=Bm25Retriever(rows), engines=pool)
+                        figures=tmp_path / "fig", retriever=Bm25Retriever(rows), engines=pool,
+                        differences=tmp_path / "compare.json")
     for system in SYSTEMS:
         eps = read_episodes(tmp_path / "res" / system / "hotpotqa.jsonl")
         assert len(eps) == 3 and all(isinstance(e.final_answer, str) for e in eps)
         for e in eps:
             assert e.calls and all(c.prompt_tokens > 0 and c.completion_tokens > 0 for c in e.calls)
-            assert e.cost["llm_calls"] == len(e.calls) and e.cost["seconds"] > 0
+            assert e.cost["llm_calls"] == len(e.calls) and "seconds" not in e.cost  # wall time: metrics only
             assert set(e.metrics) == {"em", "f1", "acc"}
-        assert 0 <= metrics[system]["avg"]["f1"] <= 100
+        assert 0 <= metrics[system]["avg"]["f1"] <= 100 and metrics[system]["avg"]["seconds"] > 0
     maps_eps = read_episodes(tmp_path / "res" / "maps" / "hotpotqa.jsonl")
     for e in maps_eps:
         assert 1 <= e.meta["rounds"] <= 2 and e.queries[0] == e.question
@@ -212,12 +226,82 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
 
 def test_dvc_stage_declares_what_the_stage_reads_and_writes():
     st = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["evaluate"]
-    assert st["cmd"] == "python -m stages.evaluate" and set(st["params"]) == {"llm", "maps", "eval"}
+    assert st["cmd"] == "python -m stages.evaluate"
+    assert set(st["params"]) == {"llm", "maps", "eval", "jade", "qagent.max_turns", "qagent.max_queries",
+                                 "qagent.top_k", "qagent.passage_words", "qagent.retry_prompt"}  # not qagent.train
     deps = set(st["deps"])
     assert {"stages/evaluate.py", "ragteam/agents", "ragteam/llm", "ragteam/eval", "models/llm"} <= deps
     assert "${eval.retriever}" in deps and any(str(stage.BENCHMARKS).startswith(d) for d in deps)
     outs = [next(iter(o)) if isinstance(o, dict) else o for o in st["outs"]]
     assert outs == [str(stage.RESULTS), str(stage.REPORT)]
-    assert [next(iter(m)) for m in st["metrics"]] == [str(stage.METRICS)]
+    assert [next(iter(m)) for m in st["metrics"]] == [str(stage.METRICS), str(stage.DIFFERENCES)]
     assert [next(iter(p)) for p in st["plots"]] == [str(stage.FIGURES / "eval_cost.png"),
                                                     str(stage.FIGURES / "eval_scores.png")]
+
+
+def test_comparison_pairs_derived_from_the_systems_or_given():
+    systems = {n: SystemSpec(**s) for n, s in {
+        "standard_rag": {"workflow": "standard_rag"}, "maps_untrained": {"workflow": "maps"},
+        "maps": {"workflow": "maps", "trained_agents": True},
+        "maps_base_query": {"workflow": "maps", "trained_agents": True, "base_roles": ["query_agent"]},
+        "maps_base_judge": {"workflow": "maps", "trained_agents": True, "base_roles": ["judge_agent"]},
+        "maps_2_rounds": {"workflow": "maps", "trained_agents": True, "fixed_rounds": 2},
+        "drag": {"workflow": "drag"}, "drag_trained": {"workflow": "drag"}}.items()}
+    assert comparison_pairs(systems) == [("drag_trained", "drag"), ("maps", "maps_untrained"),
+                                         ("maps", "maps_base_query"), ("maps", "maps_base_judge")]
+    assert comparison_pairs(systems, [["maps", "drag"]]) == [("maps", "drag")]
+    assert comparison_pairs(systems, []) == []                       # an explicit empty list turns them off
+    two = {"maps": {"workflow": "maps"}, "m2": {"workflow": "maps"}}
+    with pytest.raises(ParamsError, match=r"eval.compare\[1\] = \['maps', 'mapz'\]: \['mapz'\] not in eval"):
+        parse_section({"eval": {"systems": two, "compare": [["maps", "m2"], ["maps", "mapz"]]}}, "eval", EvalConfig)
+    with pytest.raises(ParamsError, match="compared with itself"):
+        parse_section({"eval": {"systems": {"maps": {"workflow": "maps"}}, "compare": [["maps", "maps"]]}}, "eval",
+                      EvalConfig)
+
+
+def _scores(em_h, em_b):
+    return {"hotpotqa": {"em": em_h, "f1": em_h}, "bamboogle": {"em": em_b, "f1": em_b}}
+
+
+def test_intervals_and_paired_differences_per_benchmark_and_on_the_average():
+    cfg = BootstrapConfig(resamples=2000, seed=0)
+    good = _scores([1.0] * 10, [1.0] * 5 + [0.0] * 5)
+    bad = _scores([0.0] * 10, [1.0] * 5 + [0.0] * 5)
+    summary = with_average({"hotpotqa": {"n": 10.0, "em": 100.0, "f1": 100.0},
+                            "bamboogle": {"n": 10.0, "em": 50.0, "f1": 50.0}})
+    add_intervals(summary, good, cfg)
+    assert summary["hotpotqa"]["em_ci"] == [100.0, 100.0]             # constant scores: zero width
+    lo, hi = summary["bamboogle"]["f1_ci"]
+    assert lo < 50 < hi and lo >= 10 and hi <= 90
+    a_lo, a_hi = summary["avg"]["em_ci"]                              # (100 + bamboogle) / 2: half as wide
+    assert a_lo == pytest.approx(50 + lo / 2, abs=0.01) and a_hi == pytest.approx(50 + hi / 2, abs=0.01)
+    d = compare_systems({"good": good, "bad": bad, "same": good}, [("good", "bad"), ("good", "same")], cfg)
+    h = d["good vs bad"]["hotpotqa"]
+    assert h["n"] == 10 and h["em"] == {"diff": 100.0, "lo": 100.0, "hi": 100.0, "n": 10, "significant": True}
+    bf1 = d["good vs bad"]["bamboogle"]["f1"]
+    assert bf1["significant"] is False and bf1["diff"] == 0
+    assert d["good vs bad"]["avg"]["em"]["diff"] == 50.0 and d["good vs bad"]["avg"]["n"] == 20
+    assert not any(d["good vs same"][b]["em"]["significant"] for b in ("hotpotqa", "bamboogle", "avg"))
+    with pytest.raises(ValueError, match="not run on the same questions"):
+        compare_systems({"good": good, "short": _scores([1.0] * 3, [1.0])}, [("good", "short")], cfg)
+
+
+def test_report_marks_significant_differences_and_states_the_rule():
+    m = _metrics()
+    for system in m:
+        for b in m[system]:
+            m[system][b]["em_ci"], m[system][b]["f1_ci"] = [1.0, 2.5], [3.0, 4.0]
+    cell = lambda diff, lo, hi, sig: {"diff": diff, "lo": lo, "hi": hi, "n": 5, "significant": sig}  # noqa: E731
+    diffs = {"maps vs native": {
+        "a": "maps", "b": "native",
+        "hotpotqa": {"n": 5, "em": cell(40.0, 20.0, 60.0, True), "f1": cell(-2.5, -9.0, 4.0, False)},
+        "avg": {"n": 10, "em": cell(40.0, 25.0, 55.0, True), "f1": cell(0.0, -1.0, 1.0, False)}}}
+    md = report.report_markdown(m, ["hotpotqa", "bamboogle"], {}, (), diffs,
+                                {"resamples": 500, "seed": 3, "level": 0.9})
+    assert "## Scores with 90 % intervals" in md and "(500 resamples, seed 3)" in md
+    assert "| native | 10.00 [1.00, 2.50] | 20.00 [3.00, 4.00] | 30.00 [1.00, 2.50] |" in md
+    assert "| maps − native | HotpotQA | 5 | **+40.00 [20.00, 60.00]** † | -2.50 [-9.00, 4.00] |" in md
+    assert "| maps − native | Avg | 10 | **+40.00 [25.00, 55.00]** † | 0.00 [-1.00, 1.00] |" in md
+    assert "0 lies outside the interval" in md and "central 90 % of the resampled mean difference" in md
+    plain = report.report_markdown(_metrics(), ["hotpotqa"], {})
+    assert "intervals" not in plain and "Differences" not in plain     # older metrics files still render

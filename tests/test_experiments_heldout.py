@@ -1,34 +1,36 @@
-"""The held-out agent comparison's scoring (experiments/agents_heldout.py) against hand-computed values."""
+"""experiments/agents_heldout.py: a thin wrapper around the evaluate_agents stage (the scoring itself is tested in
+test_eval_agents.py)."""
 import importlib.util
 from pathlib import Path
 
 import pytest
+import yaml
 
-SPEC = importlib.util.spec_from_file_location(
-    "agents_heldout", Path(__file__).resolve().parents[1] / "experiments" / "agents_heldout.py")
+REPO = Path(__file__).resolve().parents[1]
+SPEC = importlib.util.spec_from_file_location("agents_heldout", REPO / "experiments" / "agents_heldout.py")
 heldout = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(heldout)
 
 
-def test_judge_scores_balanced_accuracy_and_malformed_count_as_wrong():
-    texts = ["Sufficient Information", "Insufficient Information.", "insufficient information", "maybe"]
-    reference = [True, True, False, False]  # answer agent right, right, wrong, wrong
-    s = heldout.judge_scores(texts, reference)
-    # right: yes, no (said Insufficient on a correct answer), yes, no (malformed)
-    assert s["accuracy"] == 50.0
-    assert s["balanced_accuracy"] == 50.0  # recall 1/2 on each class
-    assert s["said_sufficient"] == 25.0 and s["malformed"] == 25.0 and s["reference_sufficient"] == 50.0
+def test_options_override_the_params_section():
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    cfg = heldout.config(params, 7, "judge, answer")
+    assert cfg.n_questions == 7 and cfg.agents == ["judge", "answer"]
+    assert cfg.retriever == params["eval_agents"]["retriever"]
+    assert heldout.config(params, None, None).n_questions == params["eval_agents"]["n_questions"]
+    with pytest.raises(SystemExit, match=r"unknown \['planner'\]"):
+        heldout.config(params, None, "planner")
 
 
-def test_judge_scores_always_majority_label_is_half_balanced():
-    s = heldout.judge_scores(["Insufficient Information"] * 5, [True, False, False, False, False])
-    assert s["accuracy"] == 80.0 and s["balanced_accuracy"] == 50.0
+def test_writes_the_stage_outputs_where_asked(tmp_path, monkeypatch):
+    import stages.evaluate_agents as stage
 
-
-def test_answer_scores():
-    s = heldout.answer_scores(["Paris", "the city of Rome", ""], [["Paris"], ["Rome"], ["Oslo"]])
-    assert s["em"] == pytest.approx(33.33)
-    assert s["acc"] == pytest.approx(66.67)
-    # F1: 1, 2*(1/3*1)/(1/3+1) = 0.5 ("the" is dropped by normalisation: city, of, rome), 0
-    assert s["f1"] == pytest.approx(50.0)
-    assert s["words"] == pytest.approx(5 / 3, abs=0.01)
+    seen = {}
+    monkeypatch.setattr(stage, "run", lambda llm, maps_cfg, cfg, trained, **kw: seen.update(cfg=cfg, trained=trained,
+                                                                                           **kw))
+    monkeypatch.chdir(REPO)
+    heldout.main(["--n", "3", "--agents", "query", "--out", str(tmp_path / "x.json")])
+    assert seen["metrics"] == tmp_path / "x.json" and seen["report"] == tmp_path / "x.md"
+    assert seen["questions"] == tmp_path / "x.questions.json"
+    assert seen["cfg"].n_questions == 3 and seen["cfg"].agents == ["query"]
+    assert seen["trained"]["query"] == "models/agents/query"

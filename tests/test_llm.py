@@ -7,7 +7,8 @@ import pytest
 from helpers_agents import smollm2_engine
 
 from ragteam.eval.evaluate import SystemSpec, make_team, role_models
-from ragteam.llm import Completion, EngineConfig, EnginePool, LLMConfig, SamplingConfig, Team, truncate_at_stop
+from ragteam.llm import (Completion, EngineConfig, EnginePool, LLMConfig, SamplingConfig, Team, chat_text, find_stop,
+                         truncate_at_stop)
 
 PROMPTS = [
     [{"role": "user", "content": "What is 2+2?"}],
@@ -51,6 +52,26 @@ def test_hf_sampling_n_seed_and_stop_strings(smollm2_dir):
     stopped = eng.generate([PROMPTS[1]], SamplingConfig(max_new_tokens=16, stop=["Paris"]))[0][0]
     assert "Paris" in greedy and "Paris" not in stopped.text
     assert greedy.startswith(stopped.text) and stopped.finish_reason == "stop"
+    assert stopped.stop_reason == "Paris"                                        # which stop string ended it
+
+
+@pytest.mark.slow
+def test_hf_continues_a_final_assistant_message_inside_the_same_turn(smollm2_dir):
+    """Multi-turn agents (QAgent) grow one assistant message: it is rendered without its end-of-turn token and
+    the model goes on writing it; the prompt ids are the new-turn prompt followed by the partial text's ids."""
+    eng = smollm2_engine(str(smollm2_dir))
+    user = [{"role": "user", "content": "Count from 1 to 10."}]
+    partial = user + [{"role": "assistant", "content": "1, 2, 3, 4,"}]
+    new_turn, cont = eng.encode(user), eng.encode(partial)
+    assert cont == new_turn + eng.tokenizer("1, 2, 3, 4,", add_special_tokens=False).input_ids
+    assert eng.tokenizer.convert_tokens_to_ids("<|im_end|>") not in cont[len(new_turn):]
+    assert chat_text(eng.tokenizer, partial).endswith("<|im_start|>assistant\n1, 2, 3, 4,")
+    s = SamplingConfig(max_new_tokens=8)
+    both = eng.generate([user, partial], s)                                      # mixed batch, caller's order
+    assert both[1][0].text.startswith(" 5, 6") and not both[0][0].text.startswith(" 5")
+    assert both[1][0].prompt_tokens == len(cont) and both[1][0].stop_reason is None
+    stopped = eng.generate([partial], s.model_copy(update={"stop": [" 7"]}))[0][0]
+    assert stopped.text == " 5, 6," and stopped.stop_reason == " 7" and stopped.finish_reason == "stop"
 
 
 @pytest.mark.slow
@@ -85,6 +106,8 @@ def test_hf_prefix_cache_reuses_shared_prefixes_without_changing_outputs(smollm2
 def test_truncate_at_stop_uses_the_earliest_stop():
     assert truncate_at_stop("a. b\nc", ["\n", "."]) == ("a", True)
     assert truncate_at_stop("abc", ["x", ""]) == ("abc", False)
+    assert find_stop("<search>q</search> x</answer>", ["</answer>", "</search>"]) == ("<search>q", "</search>")
+    assert find_stop("abc", ["x"]) == ("abc", None)
 
 
 class _FakeEngine:
@@ -176,6 +199,33 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
     assert out[1] == [Completion("a1", 11, 2, "stop"), Completion("b1", 11, 3, "length")]
     eng.generate(prompts, SamplingConfig(max_new_tokens=8))           # greedy: top_p ignored, no stop key
     assert calls["sampling"] == dict(n=1, temperature=0.0, top_p=1.0, max_tokens=8, seed=None)
+
+
+def test_vllm_backend_continues_final_assistant_messages_in_their_own_chat_call(monkeypatch):
+    chats = []
+
+    class LLM:
+        def __init__(self, **kw):
+            pass
+
+        def chat(self, messages, sampling_params=None, use_tqdm=True, add_generation_prompt=True,
+                 continue_final_message=False):
+            chats.append((len(messages), add_generation_prompt, continue_final_message))
+            out = types.SimpleNamespace
+            return [out(prompt_token_ids=[1] * len(m), outputs=[
+                out(text=m[-1]["content"] + "+", token_ids=[5], finish_reason="stop",
+                    stop_reason="</search>" if continue_final_message else 2)]) for m in messages]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
+    from ragteam.llm import load_engine
+
+    eng = load_engine("m", EngineConfig(backend="vllm"))
+    user = {"role": "user", "content": "q"}
+    prompts = [[user], [user, {"role": "assistant", "content": "a1"}], [user, {"role": "assistant", "content": "a2"}]]
+    out = eng.generate(prompts, SamplingConfig(stop=["</search>"]))
+    assert chats == [(1, True, False), (2, False, True)]                 # new turns, then continued turns
+    assert [o[0].text for o in out] == ["q+", "a1+", "a2+"]              # back in the caller's order
+    assert [o[0].stop_reason for o in out] == [None, "</search>", "</search>"]  # a stop token id is not a string
 
 
 def test_vllm_backend_without_vllm_installed_says_what_to_do(monkeypatch):

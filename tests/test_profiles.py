@@ -116,5 +116,7 @@ def test_paper_profile_sets_the_maps_choices_and_every_section_validates(tmp_pat
     assert parse_section(merged, "train_answer", TrainAnswerParams).alpha == 0.5
     llm = parse_section(merged, "llm", LLMConfig)
     assert llm.sampling["opponent"].max_new_tokens >= 256 and llm.sampling["proponent"].max_new_tokens >= 256
+    assert llm.sampling["jade_planner"].max_new_tokens == 1024 and llm.sampling["qagent"].max_new_tokens == 512
     parse_section(merged, "maps", MapsConfig)
     assert parse_section(merged, "data", DataParams).flashrag.split["bamboogle"] == "test"
+

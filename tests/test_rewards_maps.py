@@ -89,3 +89,54 @@ def test_min_words_also_penalises_the_empty_answer_and_defaults_to_eq3():
     assert R2(" ", ["Paris"], alpha=0.5, max_words=5, min_words=1) == -1.0
     assert R2("Paris", ["Paris"], alpha=0.5, max_words=5, min_words=1) == pytest.approx(1.5)
     assert R1("", ["Paris"], alpha=0.5, max_words=5) == 0.0  # Eq. 3 as written
+
+
+# ---- the reward on raw outputs: parser and reward agree, degenerate outputs never win ------------------------------
+
+from ragteam.rewards.maps import AnswerReward  # noqa: E402
+
+GOLD = ["Ada Lovelace"]
+CORRECT_LONG = ("The person who wrote the first published algorithm for the Analytical Engine was Ada Lovelace, "
+                "an English mathematician")
+# what a policy can collapse to: lead-in stubs, empty lines, copied passage headers, prompt echoes
+DEGENERATE = ["The answer to this question is:", "Answer:", "", "   \n  ", "\n\n", "**Answer:**",
+              'Doc 1(Title: "Ada Lovelace"): Augusta Ada King', "Doc 2(Title: Charles Babbage) ...",
+              "Based on the given documents, the answer is:", "Question: who wrote the first algorithm?",
+              "The answer to this question is:\nThe answer is:"]
+
+
+@pytest.mark.parametrize("equation", ["stage1", "stage2"])
+@pytest.mark.parametrize("degenerate", DEGENERATE)
+def test_no_degenerate_output_scores_as_well_as_a_correct_long_answer(equation, degenerate):
+    # the CPU default: l = 8, min_words 1, a format penalty of -1 for an output with no answer
+    reward = AnswerReward(equation, alpha=0.5, max_words=8, min_words=1, format_penalty=-1.0)
+    long_r, long_y = reward(CORRECT_LONG, GOLD)
+    assert long_y.startswith("The person who wrote") and len(long_y.split()) > 8   # over l: L(y) = -1
+    for clipped in (False, True):
+        r, y = reward(degenerate, GOLD, clipped=clipped)
+        assert y == "" and r < long_r, (degenerate, r, long_r)
+
+
+def test_a_lead_in_then_the_answer_is_scored_as_the_answer():
+    reward = AnswerReward("stage2", alpha=0.5, max_words=8, min_words=1, format_penalty=-1.0)
+    assert reward("The answer to this question is:\nAda Lovelace", GOLD) == (pytest.approx(1.5), "Ada Lovelace")
+    assert reward("The answer to this question is: Ada Lovelace.", GOLD) == (pytest.approx(1.5), "Ada Lovelace")
+    # the stub the issue found ("to this question is:" read as the answer scored 0 under Eq. 3-5) is no answer now
+    assert reward("The answer to this question is:", GOLD) == (-1.0, "")
+
+
+def test_paper_profile_keeps_the_equations_exactly():
+    # format_penalty None, min_words 0: an answer-less output is the empty answer, Eq. 4 gives it 0 (the paper's
+    # equations rank it above a correct long answer, -1 + α·PR; the CPU default's format penalty exists for that)
+    reward = AnswerReward("stage1", alpha=0.5, max_words=12, min_words=0, format_penalty=None)
+    assert reward("Answer:", GOLD) == (0.0, "")
+    assert reward("Ada Lovelace", GOLD)[0] == pytest.approx(1.5)
+    r, _ = reward(CORRECT_LONG + " " + "who lived in London in the nineteenth century", GOLD)
+    assert -1.0 < r < 0.0
+
+
+def test_one_token_answers_get_precision_one_or_zero():
+    reward = AnswerReward("stage1", alpha=0.5, max_words=8, min_words=1, format_penalty=-1.0)
+    assert reward("Lovelace", GOLD)[0] == pytest.approx(0.5)     # PR = 1/1, EM 0
+    assert reward("Babbage", GOLD)[0] == 0.0                     # PR = 0
+    assert reward("the", GOLD)[0] == pytest.approx(0.0)          # "the" normalises away: PR 0, one raw word

@@ -1,9 +1,10 @@
 """MAPS data synthesis (Algorithm 1) with a scripted engine: labels, Q1/Q2 routing, T1 snapshots, T2, judge labels."""
+import pytest
 from helpers_agents import KeywordRetriever, ScriptedEngine, n_queries, question_of
 
 from ragteam.agents.debate import DebateConfig
-from ragteam.data import synthesis
 from ragteam.llm import Completion, SamplingConfig, Team
+from ragteam.train import synthesis
 
 PASSAGES = [("Ann Lee", "Ann Lee was born in Paris."), ("Paris", "Paris is a city in France."),
             ("Bob Ray", "Bob Ray was born in Rome."), ("Rome", "Rome is a city in Italy."),
@@ -97,3 +98,37 @@ def test_split_questions_routes_by_label_and_caps_each_pool():
     assert [r["id"] for r in q1] == ["0", "2", "3"] and [r["id"] for r in q2] == ["1"]  # first n, order kept
     q1, q2 = synthesis.split_questions(rows, ["hard"], max_q1=100, max_t2=0)  # a cap above the count: all
     assert len(q1) == 4 and len(q2) == 4
+
+
+def test_judge_label_thresholds_relax_unanimity_and_are_checked():
+    cands = synthesis.query_samples(ROWS, KeywordRetriever(PASSAGES), top_k=2)
+    # q3's answers alternate: 8 of 16 contain the gold "portraits"; q1 16/16; q2 0/16
+    eng = _MixedEngine({ROWS[0]["question"]: ["Paris"], ROWS[1]["question"]: ["Rome"],
+                        ROWS[2]["question"]: ["portraits", "landscapes"]})
+    gold = ROWS[2]["golden_answers"][0]
+    assert gold == "portraits"
+    out, stats = synthesis.label_judge(cands, Team(eng), n_samples=16, temperature=1.0, max_new_tokens=8,
+                                       passage_words=None, seed=0, sufficient_min=8)
+    assert [r["label"] for r in out] == [synthesis.SUFFICIENT, synthesis.INSUFFICIENT, synthesis.SUFFICIENT]
+    assert out[2]["n_correct"] == 8 and stats["dropped"] == 0
+    out, _ = synthesis.label_judge(cands, Team(eng), n_samples=16, temperature=1.0, max_new_tokens=8,
+                                   passage_words=None, seed=0, sufficient_min=9, insufficient_max=8)
+    assert out[2]["label"] == synthesis.INSUFFICIENT
+    with pytest.raises(ValueError, match="insufficient_max \\(8\\) < sufficient_min \\(8\\)"):
+        synthesis.label_judge(cands, Team(eng), n_samples=16, temperature=1.0, max_new_tokens=8,
+                              passage_words=None, seed=0, sufficient_min=8, insufficient_max=8)
+
+
+def test_oversampling_balances_the_judge_labels_deterministically():
+    from ragteam.train.maps import oversample_labels
+    from ragteam.train.sft import SFTSample
+
+    def s(i, label):
+        return SFTSample(id=f"c{i}", prompt=[{"role": "user", "content": f"q{i}"}], completion=label)
+
+    rows = [s(0, "Sufficient Information")] + [s(i, "Insufficient Information") for i in range(1, 6)]
+    out = oversample_labels(rows)
+    assert [r.completion for r in out].count("Sufficient Information") == 5
+    assert [r.completion for r in out].count("Insufficient Information") == 5
+    assert [r.id for r in out[6:]] == ["c0#r1", "c0#r2", "c0#r3", "c0#r4"]
+    assert oversample_labels(rows) == out and oversample_labels([]) == []

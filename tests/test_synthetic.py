@@ -2,7 +2,9 @@ import re
 import tracemalloc
 
 from ragteam.data.formats import split_contents
-from ragteam.data.synthetic import World, generate
+import pytest
+
+from ragteam.data.synthetic import QUESTION_TYPES, World, generate
 
 
 def _facts(world: World, pids: list[str]) -> str:
@@ -21,6 +23,15 @@ def _derive(q: dict, world: World) -> str:
     works = dict(re.findall(r"([A-Z]\w+ [A-Z]\w+) works for (\w+ \w+)\.", text))
     hq = dict(re.findall(r"(\w+ \w+) is a company headquartered in (\w+)\.", text))
     t, qs = q["metadata"]["template"], q["question"]
+    hq_of = dict(re.findall(r"(\w+ \w+) is a company headquartered in (\w+)\.", text))
+    if t == "film_director":
+        return directed[re.search(r"Who directed (.+)\?", qs).group(1)]
+    if t == "person_city":
+        return born[re.search(r"city was (.+) born\?", qs).group(1)]
+    if t == "company_city":
+        return hq_of[re.search(r"city is (.+) headquartered\?", qs).group(1)]
+    if t == "city_country":
+        return country[re.search(r"the city of (\w+)\?", qs).group(1)]
     if t == "birth_country":
         return country[born[re.search(r"was (.+) born\?", qs).group(1)]]
     film = re.search(r"director of (The \w+ \w+)", qs)
@@ -47,10 +58,20 @@ def test_answers_are_derivable_from_gold_passages():
     templates = set()
     for q in train + dev:
         assert _derive(q, world) == q["golden_answers"][0], q
-        assert 2 <= q["metadata"]["hops"] <= 4
+        assert 1 <= q["metadata"]["hops"] <= 4
         templates.add(q["metadata"]["template"])
-    assert templates == {"birth_country", "director_city", "director_country", "employer_country", "born_first",
-                         "film_first", "same_country"}
+    assert templates == set(QUESTION_TYPES)
+
+
+def test_question_mix_weights_the_templates_and_names_unknown_ones():
+    _, _, train, _ = generate(20000, 200, 0, seed=5, question_mix={"film_director": 3, "born_first": 1})
+    counts = {t: sum(q["metadata"]["template"] == t for q in train) for t in ("film_director", "born_first")}
+    assert sum(counts.values()) == 200 and counts["film_director"] > 2 * counts["born_first"] > 0  # ~3:1
+    assert all(q["metadata"]["hops"] == 1 for q in train if q["metadata"]["template"] == "film_director")
+    with pytest.raises(ValueError, match="unknown templates \\['film_genre'\\]"):
+        generate(1000, 10, 0, question_mix={"film_genre": 1})
+    with pytest.raises(ValueError, match="weights"):
+        generate(1000, 10, 0, question_mix={"film_director": 0})
 
 
 def test_deterministic_and_seed_sensitive():

@@ -3,6 +3,7 @@ trains, checkpoints and resumes like the TRL path."""
 import pytest
 
 from ragteam.train.checkpoints import checkpoint_steps
+from ragteam.rewards.maps import AnswerReward
 from ragteam.train.grpo import GRPOParams, answer_reward_func
 from ragteam.train.grpo_prefix import _group_logps, _sample_group, train_grpo_shared_prefix
 
@@ -81,7 +82,7 @@ def test_shared_prefix_trainer_learns_logs_and_resumes_after_a_kill(tiny, tmp_pa
 
     params = GRPOParams(steps=4, prompts_per_step=2, num_generations=4, micro_batch_size=8, lr=1e-3,
                         max_completion_length=4, save_steps=1, kl_beta=0.05, trainer="shared_prefix")
-    reward = answer_reward_func("stage1", alpha=0.5, max_words=2)
+    reward = answer_reward_func(AnswerReward("stage1", 0.5, 2))
     with pytest.raises(KeyboardInterrupt):
         train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), params, reward, callbacks=[Kill()])
     assert checkpoint_steps(tmp_path / "ck") == [1, 2]
@@ -98,7 +99,7 @@ def test_shared_prefix_lora_uses_the_adapter_free_model_as_kl_reference(tiny, tm
                         max_completion_length=4, save_steps=1, kl_beta=0.1, trainer="shared_prefix",
                         lora={"enabled": True, "rank": 2, "alpha": 4, "top_layers": 1})
     res = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), params,
-                                   answer_reward_func("stage2", alpha=0.5, max_words=2, min_words=1))
+                                   answer_reward_func(AnswerReward("stage2", 0.5, 2, 1)))
     trainable = [n for n, p in res.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n and ".layers.1." in n for n in trainable)
     # before the first update policy == reference (LoRA B = 0), so the k3 KL of step 1 is exactly 0; after it the

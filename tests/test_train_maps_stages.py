@@ -15,7 +15,7 @@ from ragteam.retrieval.base import Hit
 from ragteam.train.grpo import GRPOParams
 from ragteam.train.maps import AnswerPairs, answer_samples, judge_samples, query_reward_func, query_samples
 from ragteam.train.sft import SFTParams
-from ragteam.train.stage import LabelJudgeParams, TrainAnswerParams, TrainJudgeParams, TrainQueryParams
+from stages.common import LabelJudgeParams, TrainAnswerParams, TrainJudgeParams, TrainQueryParams
 
 PASSAGES = [("Ann Lee", "Ann Lee was born in Paris."), ("Paris", "Paris is a city in France."),
             ("Bob Ray", "Bob Ray was born in Rome."), ("Rome", "Rome is a city in Italy."),
@@ -181,8 +181,13 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     mj = train_judge.run(jp, llm)
     assert (tmp_path / "models/agents/judge/model.safetensors").is_file()
     assert mj["samples"] == 2 and mj["label_sufficient"] == 1 and mj["steps"] == 2
-    # TRL runs log their step times too (kept in the checkpointed history: the card's time survives a resume)
-    assert "step_seconds" in (tmp_path / "reports/training/train_judge.csv").read_text().splitlines()[0]
+    # TRL runs log their step times too (kept in the checkpointed history: the metrics' time survives a resume);
+    # wall time goes to the metrics only, never to the agent, its card or the curve file
+    assert mj["seconds"] > 0 and mj["seconds_per_step"] > 0
+    assert "step_seconds" not in (tmp_path / "reports/training/train_judge.csv").read_text().splitlines()[0]
+    for agent in ("answer", "query", "judge"):
+        d = tmp_path / "models/agents" / agent
+        assert "seconds" not in (d / "README.md").read_text() and "seconds" not in (d / "ragteam-train.json").read_text()
 
 
 def test_stages_name_their_missing_inputs(tmp_path, monkeypatch):
@@ -227,7 +232,7 @@ def test_openrlhf_answer_backend_rejects_clipped_is_long():
 def test_openrlhf_backend_dry_run_writes_jobs_and_stops(smollm2_dir, tmp_path, monkeypatch):
     from stages import train_answer
 
-    from ragteam.train.stage import OpenRLHFParams
+    from stages.common import OpenRLHFParams
 
     monkeypatch.chdir(tmp_path)
     _synthesis(tmp_path)
@@ -257,7 +262,7 @@ def test_paper_profile_dry_run_builds_the_papers_grpo_commands(smollm2_dir, tmp_
 
     from ragteam.config import deep_merge, load_params, parse_section
     from ragteam.profiles import load_profile
-    from ragteam.train.stage import OpenRLHFParams
+    from stages.common import OpenRLHFParams
 
     repo = Path(__file__).resolve().parents[1]
     params = deep_merge(load_params(repo / "params.yaml"), load_profile("paper", repo / "profiles"))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ragteam.io import load_jsonl
+from ragteam.rewards.maps import AnswerReward
 from ragteam.train.grpo import GRPOParams, answer_reward_func
 from ragteam.train.openrlhf import (
     OpenRLHFCluster,
@@ -79,7 +80,7 @@ def test_generated_reward_file_matches_the_trl_reward(stage, min_words, completi
 
     tok, responses = completions
     job = prepare_answer_grpo_job(SAMPLES, tmp_path / "job", model_path="/m", output_dir="/out", params=PAPER,
-                                  stage=stage, alpha=0.5, max_words=3, min_words=min_words,
+                                  reward=AnswerReward(stage, 0.5, 3, min_words),
                                   special_tokens=tok.all_special_tokens,
                                   cluster=CLUSTER.model_copy(update={"project_dir": str(REPO)}))
     text = job.reward_file.read_text()
@@ -87,7 +88,7 @@ def test_generated_reward_file_matches_the_trl_reward(stage, min_words, completi
     assert f"'min_words': {min_words}" in text
     reward_func = _load_reward_module(job.reward_file).reward_func
 
-    trl_reward = answer_reward_func(stage, alpha=0.5, max_words=3, min_words=min_words)
+    trl_reward = answer_reward_func(AnswerReward(stage, 0.5, 3, min_words))
     scored = []
     for row in load_jsonl(job.dataset):
         prompt_ids = tok.apply_chat_template(row["input"], add_generation_prompt=True, return_dict=True)["input_ids"]
@@ -110,8 +111,7 @@ def test_generated_reward_file_matches_the_trl_reward(stage, min_words, completi
 
 def test_paper_profile_command_has_the_paper_values(tmp_path):
     job = prepare_answer_grpo_job(SAMPLES * 10, tmp_path / "job", model_path="/models/llama-3.1-8b-instruct",
-                                  output_dir="/models/answer_agent_stage1", params=PAPER, stage="stage1", alpha=0.5,
-                                  max_words=12, special_tokens=["<|eot_id|>"], cluster=CLUSTER)
+                                  output_dir="/models/answer_agent_stage1", params=PAPER, reward=AnswerReward("stage1", 0.5, 12), special_tokens=["<|eot_id|>"], cluster=CLUSTER)
     cmd = job.command
     assert cmd[:4] == ["ray", "job", "submit", "--address"]
     sep = cmd.index("--")
@@ -148,7 +148,7 @@ def test_paper_profile_command_has_the_paper_values(tmp_path):
 
 def test_prompt_dataset_rows_hold_messages_and_json_golden_answers(tmp_path):
     job = prepare_answer_grpo_job(SAMPLES, tmp_path / "j", model_path="/m", output_dir="/o", params=PAPER,
-                                  stage="stage2", alpha=0.3, max_words=12, special_tokens=[], cluster=CLUSTER)
+                                  reward=AnswerReward("stage2", 0.3, 12), special_tokens=[], cluster=CLUSTER)
     rows = load_jsonl(job.dataset)
     assert [r["id"] for r in rows] == ["q1", "q2"]
     assert rows[0]["input"] == SAMPLES[0]["prompt"]
@@ -157,7 +157,7 @@ def test_prompt_dataset_rows_hold_messages_and_json_golden_answers(tmp_path):
     # a few steps over many prompts: one episode, only the prompts needed
     small = PAPER.model_copy(update={"steps": 1, "prompts_per_step": 1})
     job = prepare_answer_grpo_job(SAMPLES, tmp_path / "k", model_path="/m", output_dir="/o", params=small,
-                                  stage="stage1", alpha=0.3, max_words=12, special_tokens=[], cluster=CLUSTER)
+                                  reward=AnswerReward("stage1", 0.3, 12), special_tokens=[], cluster=CLUSTER)
     assert _value(job.command, "--data.max_samples") == "1" and _value(job.command, "--train.num_episodes") == "1"
 
 
@@ -182,16 +182,15 @@ def test_sft_job_for_the_judge(tmp_path, capsys):
 def test_invalid_setups_fail_with_a_clear_message(tmp_path):
     with pytest.raises(ValueError, match="colocate_all"):
         prepare_answer_grpo_job(SAMPLES, tmp_path / "a", model_path="/m", output_dir="/o", params=PAPER,
-                                stage="stage1", alpha=0.5, max_words=12, special_tokens=[],
+                                reward=AnswerReward("stage1", 0.5, 12), special_tokens=[],
                                 cluster=CLUSTER.model_copy(update={"vllm_engines": 1}))
     lora_top = PAPER.model_copy(update={"lora": PAPER.lora.model_copy(update={"enabled": True, "top_layers": 4})})
     with pytest.raises(ValueError, match="top_layers"):
         prepare_answer_grpo_job(SAMPLES, tmp_path / "b", model_path="/m", output_dir="/o", params=lora_top,
-                                stage="stage1", alpha=0.5, max_words=12, special_tokens=[], cluster=CLUSTER)
+                                reward=AnswerReward("stage1", 0.5, 12), special_tokens=[], cluster=CLUSTER)
     with pytest.raises(ValueError, match=r"training sample 0 \(id='bad'\)"):
         prepare_answer_grpo_job([{"id": "bad", "prompt": [], "golden_answers": ["x"]}], tmp_path / "c",
-                                model_path="/m", output_dir="/o", params=PAPER, stage="stage1", alpha=0.5,
-                                max_words=12, special_tokens=[], cluster=CLUSTER)
+                                model_path="/m", output_dir="/o", params=PAPER, reward=AnswerReward("stage1", 0.5, 12), special_tokens=[], cluster=CLUSTER)
     with pytest.raises(ValueError, match="project_dir"):
         OpenRLHFCluster()
 

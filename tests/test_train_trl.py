@@ -10,6 +10,8 @@ from ragteam.io import sha256_file, write_jsonl
 from ragteam.rewards.maps import maps_answer_reward_stage1
 from ragteam.train.checkpoints import checkpoint_steps, save_agent
 from ragteam.train.curves import curve_rows, summarize, write_curves
+from ragteam.agents.maps import parse_answer
+from ragteam.rewards.maps import AnswerReward
 from ragteam.train.grpo import GRPOParams, answer_reward_func, completion_text, train_grpo
 from ragteam.train.maps import AnswerAgentParams, query_reward_func, train_answer_agent
 from ragteam.train.model_card import model_card
@@ -59,17 +61,17 @@ def _kill_at(step):
 
 def test_answer_reward_func_scores_completions_against_the_golden_answers_column():
     logged = {}
-    f = answer_reward_func("stage1", alpha=0.5, max_words=3)
+    f = answer_reward_func(AnswerReward("stage1", 0.5, 3))
     completions = [[{"role": "assistant", "content": " Paris. "}], [{"role": "assistant", "content": "It is Paris"}],
-                   "the answer is the Nile river"]
+                   "I believe it must be the Nile river"]
     golds = [["Paris"], ["Paris"], ["Nile", "the Nile river"]]
     out = f(prompts=[None] * 3, completions=completions, golden_answers=golds,
             log_metric=lambda k, v: logged.setdefault(k, v), trainer_state=None)
-    # "Paris." EM 1 + 0.5; "It is Paris" PR 1/3; 6 words > 3: PR vs "the nile river" 2/4 -> 0.25 - 1
-    assert out == pytest.approx([1.5, 0.5 / 3, 0.25 - 1.0])
-    assert logged["em"] == pytest.approx(1 / 3) and logged["words"] == pytest.approx((1 + 3 + 6) / 3)
+    # "Paris." EM 1 + 0.5; "It is Paris" PR 1/3; 8 words > 3: PR vs "the nile river" 2/7 (no article) -> 1/7 - 1
+    assert out == pytest.approx([1.5, 0.5 / 3, 0.5 * 2 / 7 - 1.0])
+    assert logged["em"] == pytest.approx(1 / 3) and logged["words"] == pytest.approx((1 + 3 + 8) / 3)
     assert f.__name__ == "maps_answer_reward_stage1"  # TRL logs rewards/<name>/mean
-    assert answer_reward_func("stage2", 0.5, 3).__name__ == "maps_answer_reward_stage2"
+    assert answer_reward_func(AnswerReward("stage2", 0.5, 3)).__name__ == "maps_answer_reward_stage2"
     assert completion_text("  x ") == "x"
 
 
@@ -87,7 +89,7 @@ def test_grpo_params_validate_at_the_edge():
 @pytest.mark.slow
 def test_grpo_on_smollm2_trains_with_the_library_reward_and_saves_the_agent(smollm2_dir, tmp_path):
     seen = []
-    reward = answer_reward_func("stage1", alpha=0.5, max_words=2)
+    reward = answer_reward_func(AnswerReward("stage1", 0.5, 2))
 
     def recording_reward(completions, golden_answers, **kw):
         out = reward(completions, golden_answers, **kw)
@@ -105,7 +107,8 @@ def test_grpo_on_smollm2_trains_with_the_library_reward_and_saves_the_agent(smol
     for batch in seen:
         for y, g, r in batch:
             assert json.dumps(g) in golds
-            assert r == pytest.approx(maps_answer_reward_stage1(y, g, 0.5, 2))
+            parsed = parse_answer(y)   # the reward scores the answer as the pipeline parses it
+            assert r == pytest.approx(maps_answer_reward_stage1(parsed if isinstance(parsed, str) else "", g, 0.5, 2))
     # TRL's logged reward is the mean of ours; KL is logged because beta > 0
     rows = curve_rows(res.log_history, stage="stage1")
     assert [r["step"] for r in rows] == [1, 2]
@@ -138,7 +141,7 @@ def test_grpo_on_smollm2_trains_with_the_library_reward_and_saves_the_agent(smol
 
 def test_grpo_resumes_from_the_last_checkpoint_after_a_kill(tiny_llm, tmp_path):
     params = GRPOParams(steps=4, **TINY_GRPO)
-    reward = answer_reward_func("stage2", alpha=0.5, max_words=12)
+    reward = answer_reward_func(AnswerReward("stage2", 0.5, 12))
     ckpt = tmp_path / "ckpt"
     with pytest.raises(KeyboardInterrupt, match="killed at step 3"):
         train_grpo(SAMPLES, str(tiny_llm), str(ckpt), params, reward, callbacks=[_kill_at(3)])
@@ -246,7 +249,7 @@ def test_answer_agent_stage2_starts_from_stage1_and_reruns_resume(tiny_llm, tmp_
 
 
 def test_answer_reward_treats_a_clipped_completion_as_too_long():
-    f = answer_reward_func("stage1", alpha=0.5, max_words=5, min_words=1, clip_tokens=4)
+    f = answer_reward_func(AnswerReward("stage1", 0.5, 5, 1), clip_tokens=4)
     logged = {}
     out = f(completions=["Paris", "Paris", "It is Paris maybe"], golden_answers=[["Paris"]] * 3,
             completion_ids=[[1, 2], [1, 2, 3, 4], [1, 2, 3, 4]], log_metric=lambda k, v: logged.setdefault(k, v))
@@ -254,16 +257,20 @@ def test_answer_reward_treats_a_clipped_completion_as_too_long():
     assert out == pytest.approx([1.5, 0.5, 0.5 * 0.25 - 1.0])
     assert logged["clipped"] == pytest.approx(2 / 3)
     # off (the paper profile): Eq. 4 exactly
-    assert answer_reward_func("stage1", 0.5, 5, 1)(completions=["Paris"], golden_answers=[["Paris"]],
+    assert answer_reward_func(AnswerReward("stage1", 0.5, 5, 1))(completions=["Paris"], golden_answers=[["Paris"]],
                                                    completion_ids=[[1, 2, 3, 4]]) == [1.5]
 
 
 def test_answer_reward_scores_the_parsed_answer_so_a_bare_label_is_empty():
-    from ragteam.agents.maps import parse_answer
-
-    f = answer_reward_func("stage1", alpha=0.5, max_words=5, min_words=1, parse=parse_answer)
-    out = f(completions=["Answer:", "Answer: Paris.", "Paris\nbecause it is the capital"],
-            golden_answers=[["Paris"]] * 3)
-    # "Answer:" reads as "" (min_words -> -1, where the raw text scored 0); the label and the second line go
-    assert out == pytest.approx([-1.0, 1.5, 1.5])
-    assert answer_reward_func("stage1", 0.5, 5, 1)(completions=["Answer:"], golden_answers=[["Paris"]]) == [0.0]
+    f = answer_reward_func(AnswerReward("stage1", 0.5, 5, 1))
+    logged = {}
+    out = f(completions=["Answer:", "Answer: Paris.", "Paris\nbecause it is the capital",
+                         "The answer to this question is:\nParis"], golden_answers=[["Paris"]] * 4,
+            log_metric=lambda k, v: logged.setdefault(k, v))
+    # "Answer:" has no answer: "" (min_words -> -1, where the raw text scored 0); a lead-in line hands over to the
+    # answer below it, which is scored in full
+    assert out == pytest.approx([-1.0, 1.5, 1.5, 1.5])
+    assert logged["no_answer"] == pytest.approx(0.25)
+    # with a format penalty an answer-less output gets it whatever min_words says (the paper profile: None)
+    f = answer_reward_func(AnswerReward("stage1", 0.5, 5, 0, format_penalty=-1.0))
+    assert f(completions=["Answer:", ""], golden_answers=[["Paris"]] * 2) == [-1.0, -1.0]

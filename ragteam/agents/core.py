@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragteam.llm import Messages, Team
+from ragteam.llm import Messages, SamplingConfig, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit, Retriever
 
@@ -99,20 +99,36 @@ def new_episode(row: dict, system: str) -> Episode:
 
 
 def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequence[Messages],
-             parse: Callable[[str], Any], **meta: Any) -> list[AgentCall]:
-    """One batched engine call for `role` over `episodes`; each gets an AgentCall with the parsed output."""
+             parse: Callable[[str], Any] | Sequence[Callable[[str], Any]], sampling: SamplingConfig | None = None,
+             keep_stop: bool = False, **meta: Any) -> list[AgentCall]:
+    """One batched engine call for `role` over `episodes`; each gets an AgentCall with the parsed output.
+
+    `parse` is one parser for every output, or one per episode (a parser that depends on the episode's state).
+
+    `sampling` overrides the role's settings. With `keep_stop` the stop string that ended a completion is kept at
+    the end of the response (the model did generate it; multi-turn agents act on it) and `meta["finish"]` records
+    how generation ended: "stop_string", "eos" or "length".
+    """
     if not episodes:
         return []
+    parsers = [parse] * len(episodes) if callable(parse) else list(parse)
+    if len(parsers) != len(episodes):
+        raise ValueError(f"llm_step({role}): {len(parsers)} parsers for {len(episodes)} episodes")
     t0 = time.perf_counter()
-    outs = team.complete(role, list(prompts))
+    outs = team.complete(role, list(prompts), sampling)
     share = (time.perf_counter() - t0) / len(episodes)
     calls = []
-    for ep, msgs, out in zip(episodes, prompts, outs):
-        parsed = parse(out.text)
+    for ep, msgs, out, parse_one in zip(episodes, prompts, outs, parsers):
+        text, call_meta = out.text, dict(meta)
+        if keep_stop:
+            text += out.stop_reason or ""
+            call_meta["finish"] = ("stop_string" if out.stop_reason else
+                                   "eos" if out.finish_reason == "stop" else "length")
+        parsed = parse_one(text)
         err = parsed.reason if isinstance(parsed, FormatError) else None
-        call = AgentCall(role=role, prompt=list(msgs), response=out.text, parsed=None if err else parsed,
+        call = AgentCall(role=role, prompt=list(msgs), response=text, parsed=None if err else parsed,
                          format_error=err, prompt_tokens=out.prompt_tokens,
-                         completion_tokens=out.completion_tokens, meta=dict(meta))
+                         completion_tokens=out.completion_tokens, meta=call_meta)
         ep.add_call(call)
         ep.cost["seconds"] += share
         calls.append(call)

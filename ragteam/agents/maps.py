@@ -161,22 +161,68 @@ def parse_judge(text: str) -> str | FormatError:
 
 _ANSWER_LABEL = re.compile(r"^\s*(?:(?:the\s+)?(?:final\s+)?answer\b\s*(?:is\b)?\s*[:：\-]?|a\s*[:：])\s*", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# A copied passage header (`Doc 2(Title: "X"): ...`, the layout of the query pool): no answer of the model's own.
+_DOC_HEADER = re.compile(r"^\W*doc(?:ument)?\s*\d+\s*\(\s*title\s*:", re.IGNORECASE)
+# Lead-ins ("The answer to this question is:", "Based on the given documents, the answer is") are made of these
+# words and name the answer or its source; an answer made of nothing else is a stub, not an answer.
+# Lines that echo the prompt (`Question: ...`, `Query 2: ...`, `Retrieved Content:`) are not the model's answer.
+_ECHO = re.compile(r"^\W*(?:question|query\s*\d*|retrieved\s+content)\s*:", re.IGNORECASE)
+_LEAD_NOUNS = frozenset("answer answers question questions document documents doc docs information context based "
+                        "according provided given following response".split())
+_LEAD_WORDS = STOPWORDS | _LEAD_NOUNS | frozenset("final correct short here sure okay ok".split())
 MAX_ANSWER_WORDS = 32
 
 
-def parse_answer(text: str, max_words: int = MAX_ANSWER_WORDS) -> str | FormatError:
-    """The final answer: first non-empty line, an "Answer:" / "The answer is" label and wrapping quotes removed.
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text)]
 
-    An over-long answer is cut to its first sentence, then to `max_words` words.
+
+def is_lead_in(text: str) -> bool:
+    """True for text that only announces an answer ("The answer to this question is", "Based on the documents")."""
+    ws = _words(text)
+    return bool(ws) and all(w in _LEAD_WORDS for w in ws) and any(w in _LEAD_NOUNS for w in ws)
+
+
+def _strip_lead(line: str) -> str:
+    """The line without a leading label or lead-in: `X: answer` where X is a lead-in, or "Answer:"/"The answer is"."""
+    head, sep, rest = line.partition(":")
+    if sep and is_lead_in(head):
+        return rest.strip()
+    return _ANSWER_LABEL.sub("", line, count=1).strip()
+
+
+def parse_answer(text: str, max_words: int = MAX_ANSWER_WORDS) -> str | FormatError:
+    """The final answer as the pipeline (and every answer reward) reads it.
+
+    The first non-empty line, with a label or lead-in removed ("Answer:", "The answer is", "The answer to this
+    question is: X" -> X). A line that is only a lead-in ("The answer to this question is:") hands over to the next
+    line, so an answer written below its lead-in is read. No answer at all is a FormatError: an empty output, a
+    lead-in with nothing after it (the stub a policy learned when the stub was read as its answer), a copied
+    passage header (`Doc 1(Title: ...`); lines that echo the prompt (`Question: ...`) are skipped. Wrapping quotes, markdown and a final period are removed; an over-long
+    answer is cut to its first sentence, then to `max_words` words.
     """
-    line = first_line(text)
-    if not line:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
         return FormatError("empty answer")
-    line = _ANSWER_LABEL.sub("", line, count=1).strip().strip("*\"'` ").strip()
-    if len(line.split()) > max_words:
-        line = " ".join(_SENTENCE_END.split(line, maxsplit=1)[0].split()[:max_words])
-    line = line.rstrip(".").strip()
-    return line if line else FormatError(f"no answer in {first_line(text)[:80]!r}")
+    answer, i = "", 0
+    while i < len(lines):
+        line = lines[i]
+        if _DOC_HEADER.match(line):
+            return FormatError(f"a copied passage header, not an answer: {line[:80]!r}")
+        if _ECHO.match(line):
+            i += 1
+            continue
+        answer = _strip_lead(line).strip("*\"'` ").strip()
+        if answer and not is_lead_in(answer.rstrip(":").strip()):
+            break
+        answer, i = "", i + 1
+    if not answer:
+        return FormatError(f"a lead-in without an answer: {lines[0][:80]!r}" if _words(text) else
+                           f"no answer in {lines[0][:80]!r}")
+    if len(answer.split()) > max_words:
+        answer = " ".join(_SENTENCE_END.split(answer, maxsplit=1)[0].split()[:max_words])
+    answer = answer.rstrip(".").strip().strip("*\"'` ").strip()
+    return answer if answer else FormatError(f"no answer in {lines[0][:80]!r}")
 
 
 def parse_proponent(text: str) -> str | FormatError:

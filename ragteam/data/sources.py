@@ -26,8 +26,9 @@ class Prepared:
     inputs: dict[str, list[Path]] = field(default_factory=dict)  # kind -> source files (validated as inputs)
 
 
-def from_synthetic(n_passages: int, n_train: int, n_dev: int, seed: int) -> Prepared:
-    _, passages, train, dev = synthetic.generate(n_passages, n_train, n_dev, seed)
+def from_synthetic(n_passages: int, n_train: int, n_dev: int, seed: int,
+                   question_mix: dict[str, float] | None = None) -> Prepared:
+    _, passages, train, dev = synthetic.generate(n_passages, n_train, n_dev, seed, question_mix)
     for row in train:
         row["metadata"]["source"] = "synthetic"
     return Prepared(corpus=passages, benchmarks={"synthetic": dev}, train_pool=train)

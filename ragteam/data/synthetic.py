@@ -53,10 +53,14 @@ def _n_syllables(needed: int) -> int:
 
 @dataclass(frozen=True)
 class World:
-    """Sizes of the fictional world; all entities are derived on demand."""
+    """Sizes of the fictional world; all entities are derived on demand.
+
+    `question_mix`: (template, weight) pairs the questions are drawn from; None = every template equally.
+    """
 
     n_passages: int
     seed: int = 13
+    question_mix: tuple[tuple[str, float], ...] | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -175,7 +179,8 @@ class World:
     def question(self, q: int) -> dict:
         """Question q (deterministic); answers follow from the gold passages named in metadata."""
         r = _rng(self.seed, "question", q)
-        qtype = r.choice(_QUESTION_TYPES)
+        mix = self.question_mix or tuple((t, 1.0) for t in QUESTION_TYPES)
+        qtype = r.choices([t for t, _ in mix], weights=[w for _, w in mix])[0]
         question, answer, gold, kind, hops = getattr(self, f"_q_{qtype}")(r)
         return {"id": f"syn-{q}", "question": question, "golden_answers": [answer],
                 "metadata": {"type": kind, "template": qtype, "hops": hops, "supporting_ids": gold,
@@ -188,6 +193,28 @@ class World:
     def _film_idx(self, r):
         return r.randrange(self.counts["film"])
 
+    # one hop: the answer is in the passage whose title the question names
+    def _q_film_director(self, r):
+        f = self.film(fi := self._film_idx(r))
+        return (f"Who directed {f['title']}?", self.person_name(f["director"]), [f"film-{fi}"], "single", 1)
+
+    def _q_person_city(self, r):
+        i = r.randrange(self.counts["person"])
+        p = self.person(i)
+        return (f"In which city was {p['name']} born?", self.city_name(p["birth_city"]), [f"person-{i}"], "single", 1)
+
+    def _q_company_city(self, r):
+        i = r.randrange(self.counts["company"])
+        c = self.company(i)
+        return (f"In which city is {c['name']} headquartered?", self.city_name(c["hq"]), [f"company-{i}"], "single", 1)
+
+    def _q_city_country(self, r):
+        i = r.randrange(self.counts["city"])
+        c = self.city(i)
+        return (f"In which country is the city of {c['name']}?", self.country_name(c["country"]), [f"city-{i}"],
+                "single", 1)
+
+    # two to four hops
     def _q_birth_country(self, r):
         i = r.randrange(self.counts["person"])
         p = self.person(i)
@@ -256,8 +283,10 @@ class World:
                 yield row
 
 
-_QUESTION_TYPES = ("birth_country", "director_city", "director_country", "employer_country", "born_first",
-                   "film_first", "same_country")
+QUESTION_TYPES = ("film_director", "person_city", "company_city", "city_country",        # 1 hop
+                  "birth_country", "director_city", "born_first", "film_first",           # 2 hops
+                  "same_country",                                                         # 2-4 hops
+                  "director_country", "employer_country")                                 # 3, 4 hops
 
 _FILLERS = (
     "Local records about {name} were collected by a regional archive.",
@@ -278,9 +307,19 @@ def hash_kind(kind: str) -> int:
     return sum((k + 1) * ord(ch) for k, ch in enumerate(kind)) * 104729
 
 
-def generate(n_passages: int, n_train: int, n_dev: int, seed: int = 13):
-    """(world, passages iterator, train questions, dev questions); the two question lists are disjoint."""
-    world = World(n_passages=n_passages, seed=seed)
+def generate(n_passages: int, n_train: int, n_dev: int, seed: int = 13,
+             question_mix: dict[str, float] | None = None):
+    """(world, passages iterator, train questions, dev questions); the two question lists are disjoint.
+
+    `question_mix`: template -> weight (templates in QUESTION_TYPES); None = every template equally.
+    """
+    if question_mix is not None:
+        unknown = sorted(set(question_mix) - set(QUESTION_TYPES))
+        if unknown or not any(w > 0 for w in question_mix.values()) or any(w < 0 for w in question_mix.values()):
+            raise ValueError(f"question_mix: unknown templates {unknown} (known: {list(QUESTION_TYPES)})" if unknown
+                             else f"question_mix: weights must be >= 0 with one > 0, got {question_mix}")
+    world = World(n_passages=n_passages, seed=seed,
+                  question_mix=tuple(question_mix.items()) if question_mix is not None else None)
     questions = list(world.iter_questions(0, n_train + n_dev))
     rng = random.Random(f"{seed}:split")
     rng.shuffle(questions)

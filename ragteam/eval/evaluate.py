@@ -9,24 +9,33 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from ragteam.agents import jade as jade_agents
 from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import run_debate
 from ragteam.agents.ircot import ROLE as REASONER, run_ircot
-from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
+from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
+from ragteam.agents.qagent_workflow import GENERATOR_ROLE as QAGENT_GENERATOR, QAgentConfig, run_qagent
+from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
 from ragteam.config import Strict
+from ragteam.eval import stats
+from ragteam.eval.stats import BootstrapConfig
 from ragteam.eval.metrics import answer_metrics
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "ircot", "sure"]
-MapsRole = Literal["query_agent", "judge_agent", "answer_agent"]
+Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "qagent", "qagent_plugin",
+                   "ircot", "sure"]
+AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent"]  # roles with trained checkpoints
 ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (GENERATOR,),
          "drag": ("proponent", "opponent", "moderator", "answer_agent"),
          "maps": ("query_agent", "judge_agent", "answer_agent"),
+         "jade": jade_agents.ROLES,
+         "qagent": ("qagent",), "qagent_plugin": ("qagent", QAGENT_GENERATOR),
          "ircot": (REASONER,), "sure": SURE_ROLES}
 SCORE_KEYS = ("em", "f1", "acc")
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
@@ -36,9 +45,10 @@ class SystemSpec(Strict):
     """One row of the results table."""
 
     workflow: Workflow
-    trained_agents: bool = False              # maps: roles listed in eval.agents use those checkpoints
-    base_roles: list[MapsRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
+    trained_agents: bool = False              # roles listed in eval.agents use those checkpoints
+    base_roles: list[AgentRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
+    model: str | None = None                  # every role of the workflow on this checkpoint (jointly trained teams)
 
 
 class EvalConfig(Strict):
@@ -48,12 +58,35 @@ class EvalConfig(Strict):
     n_questions: int = Field(20, ge=1)              # first n questions of each benchmark
     retriever: str = "bm25"                          # which index the retrieval systems search
     systems: dict[str, SystemSpec]
-    agents: dict[MapsRole, str] = Field(default_factory=dict)  # trained MAPS agent checkpoints (by role)
+    agents: dict[AgentRole, str] = Field(default_factory=dict)  # trained agent checkpoints (by role)
     baselines: BaselineConfig = BaselineConfig()
+    # [a, b] pairs: paired bootstrap of a - b per benchmark and on the average; None: `comparison_pairs` derives them
+    compare: list[tuple[str, str]] | None = None
+    bootstrap: BootstrapConfig = BootstrapConfig()
+
+    @model_validator(mode="after")
+    def _compare_names_systems(self):
+        for i, pair in enumerate(self.compare or []):
+            unknown = [x for x in pair if x not in self.systems]
+            if unknown or pair[0] == pair[1]:
+                raise ValueError(f"eval.compare[{i}] = {list(pair)}: " + (f"{unknown} not in eval.systems "
+                                 f"({sorted(self.systems)})" if unknown else "a system compared with itself"))
+        return self
+
+    @model_validator(mode="after")
+    def _trained_qagent_has_a_checkpoint(self):
+        for name, spec in self.systems.items():
+            if (spec.workflow.startswith("qagent") and spec.trained_agents and "qagent" not in spec.base_roles
+                    and "qagent" not in self.agents):
+                raise ValueError(f"systems.{name}: trained_agents needs agents.qagent (the trained QAgent, e.g. "
+                                 f"models/agents/qagent from train_joint@qagent), or base_roles: [qagent]")
+        return self
 
 
 def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
     """role -> checkpoint for the roles that do not use the base model."""
+    if spec.model is not None:
+        return dict.fromkeys(ROLES[spec.workflow], spec.model)
     if not spec.trained_agents:
         return {}
     return {role: path for role, path in agents.items() if role not in spec.base_roles}
@@ -64,25 +97,56 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
     return engines.team(role_models(spec, agents), base_model, sampling)
 
 
-def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None, maps_cfg: MapsConfig,
-               baselines: BaselineConfig, name: str) -> list[Episode]:
-    """Run one system's workflow on `rows` (all questions batched together) and score the Episodes."""
+class WorkflowConfigs(Strict):
+    """The params sections the workflows read (`maps`, `eval.baselines`, `jade`, `qagent`, ...), one object so that
+    a new system adds a field here and a branch in `run_system`, not a parameter to every caller."""
+
+    maps: MapsConfig = MapsConfig()
+    baselines: BaselineConfig = BaselineConfig()
+    jade: JadeConfig = JadeConfig()
+    qagent: QAgentConfig = QAgentConfig()
+
+    @classmethod
+    def from_params(cls, params: Mapping, baselines: BaselineConfig | None = None) -> WorkflowConfigs:
+        """Every workflow section present in params.yaml, validated (a bad key names its section)."""
+        from ragteam.config import parse_section
+
+        fields = {name: parse_section(params, name, cls.model_fields[name].annotation)
+                  for name in cls.model_fields if name != "baselines" and name in params}
+        return cls(**fields, **({"baselines": baselines} if baselines is not None else {}))
+
+
+def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None,
+               cfgs: WorkflowConfigs, name: str) -> list[Episode]:
+    """Run one system's workflow on `rows` (all questions batched together) and score the Episodes.
+
+    JADE episodes with golden answers also get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported.
+    """
     if spec.workflow != "native" and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
     if spec.workflow == "native":
         eps = run_native(rows, team, system=name)
     elif spec.workflow == "standard_rag":
-        eps = run_standard_rag(rows, team, retriever, baselines, system=name)
+        eps = run_standard_rag(rows, team, retriever, cfgs.baselines, system=name)
     elif spec.workflow == "iter_retgen":
-        eps = run_iter_retgen(rows, team, retriever, baselines, system=name)
+        eps = run_iter_retgen(rows, team, retriever, cfgs.baselines, system=name)
     elif spec.workflow == "drag":
-        eps = run_debate(rows, team, retriever, maps_cfg.debate, answer=True, system=name)
+        eps = run_debate(rows, team, retriever, cfgs.maps.debate, answer=True, system=name)
     elif spec.workflow == "ircot":
-        eps = run_ircot(rows, team, retriever, baselines.ircot, system=name)
+        eps = run_ircot(rows, team, retriever, cfgs.baselines.ircot, system=name)
     elif spec.workflow == "sure":
-        eps = run_sure(rows, team, retriever, baselines.sure, system=name)
+        eps = run_sure(rows, team, retriever, cfgs.baselines.sure, system=name)
+    elif spec.workflow == "jade":
+        eps = score_episodes(run_jade(rows, team, retriever, cfgs.jade, system=name))
+        for ep in eps:
+            if ep.golden_answers:
+                assign_jade_rewards(ep, cfgs.jade.reward)
+        return eps
+    elif spec.workflow in ("qagent", "qagent_plugin"):
+        eps = run_qagent(rows, team, retriever, cfgs.qagent, plugin=spec.workflow == "qagent_plugin", system=name)
     else:
-        cfg = maps_cfg if spec.fixed_rounds is None else maps_cfg.model_copy(update={"fixed_rounds": spec.fixed_rounds})
+        cfg = (cfgs.maps if spec.fixed_rounds is None
+               else cfgs.maps.model_copy(update={"fixed_rounds": spec.fixed_rounds}))
         eps = run_maps(rows, team, retriever, cfg, system=name)
     return score_episodes(eps)
 
@@ -109,8 +173,16 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
         vals = [ep.cost.get("prompt_tokens", 0.0) + ep.cost.get("completion_tokens", 0.0) if k == "tokens"
                 else ep.cost.get(k, 0.0) for ep in episodes]
         out[k] = round(_mean(vals), 3)
+    with_passages = [ep.cost["passages"] for ep in episodes if "passages" in ep.cost]
+    if with_passages:  # workflows that record it (QAgent: passages handed to the answering model)
+        out["passages"] = round(_mean(with_passages), 3)
     calls = [c for ep in episodes for c in ep.calls]
     out["format_error_rate"] = round(_mean([c.format_error is not None for c in calls]), 4)
+    # per-question workflow figures a system records in meta["workflow"] (JADE: rounds, retrievals, DS calls, plans,
+    # decompositions, R_global), averaged where every episode has them; other systems just lack these keys
+    shared = set.intersection(*(set(ep.meta.get("workflow", {})) for ep in episodes)) if episodes else set()
+    for k in sorted(shared):
+        out[k] = round(_mean([float(ep.meta["workflow"][k]) for ep in episodes]), 4)
     return out
 
 
@@ -121,4 +193,82 @@ def with_average(per_benchmark: Mapping[str, Mapping[str, float]]) -> dict[str, 
         keys = next(iter(per_benchmark.values())).keys()
         out["avg"] = {k: round(_mean([v[k] for v in per_benchmark.values()]), 3) for k in keys}
         out["avg"]["n"] = sum(v["n"] for v in per_benchmark.values())
+    return out
+
+
+# ---- uncertainty: intervals per system x benchmark, paired differences between systems ---------------------------
+
+INTERVAL_KEYS = ("em", "f1")
+
+
+def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequence[str]] | None = None
+                     ) -> list[tuple[str, str]]:
+    """[a, b] pairs whose difference a - b the report tests; `compare` (eval.compare) wins when given.
+
+    Derived rule, each pair oriented as (more trained, less trained): X_trained vs X for every system name that has
+    both; every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
+    (no trained_agents, no fixed_rounds); the full trained MAPS system vs each ablation (trained_agents with
+    base_roles, same fixed_rounds), so a positive difference is what the ablated trained agent adds.
+    """
+    if compare is not None:
+        return [(a, b) for a, b in compare]
+    pairs = [(f"{x}_trained", x) for x in systems if f"{x}_trained" in systems]
+    maps_ = {n: s for n, s in systems.items() if s.workflow == "maps"}
+    full = [n for n, s in maps_.items() if s.trained_agents and not s.base_roles and s.fixed_rounds is None]
+    untrained = [n for n, s in maps_.items() if not s.trained_agents and s.fixed_rounds is None]
+    for f in full:
+        pairs += [(f, u) for u in untrained]
+        pairs += [(f, n) for n, s in maps_.items() if s.trained_agents and s.base_roles and s.fixed_rounds is None]
+    return list(dict.fromkeys(pairs))
+
+
+def question_scores(episodes: Sequence[Episode]) -> dict[str, list[float]]:
+    """Per-question scores in [0, 1] for the bootstrap, in episode order (unscored episodes count 0, as in
+    `summarize`)."""
+    return {k: [ep.metrics.get(k, 0.0) for ep in episodes] for k in INTERVAL_KEYS}
+
+
+def _flat(per_bench: Mapping[str, Mapping[str, list[float]]], key: str) -> tuple[list[float], list[int]]:
+    xs = [per_bench[b][key] for b in per_bench]
+    return [v for x in xs for v in x], [len(x) for x in xs]
+
+
+def add_intervals(summary: dict[str, dict], scores: Mapping[str, Mapping[str, list[float]]],
+                  cfg: BootstrapConfig) -> dict[str, dict]:
+    """Add `<key>_ci: [lo, hi]` (percent) to every benchmark summary and to "avg" (benchmarks resampled
+    separately, unweighted mean of their means: the avg column's statistic)."""
+    for b, per in scores.items():
+        for k in INTERVAL_KEYS:
+            iv = stats.mean_ci(per[k], resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
+            summary[b][f"{k}_ci"] = [iv.lo, iv.hi]
+    if "avg" in summary and scores:
+        for k in INTERVAL_KEYS:
+            xs, sizes = _flat(scores, k)
+            iv = stats.mean_ci(xs, sizes, resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
+            summary["avg"][f"{k}_ci"] = [iv.lo, iv.hi]
+    return summary
+
+
+def compare_systems(scores: Mapping[str, Mapping[str, Mapping[str, list[float]]]],
+                    pairs: Sequence[tuple[str, str]], cfg: BootstrapConfig) -> dict[str, dict]:
+    """{"a vs b": {"a", "b", benchmark | "avg": {"n", em/f1: {diff, lo, hi, n, significant}}}}: paired bootstrap
+    of a - b over the questions both systems answered (the same rows, in the same order)."""
+    out: dict[str, dict] = {}
+    for a, b in pairs:
+        sa, sb = scores[a], scores[b]
+        if list(sa) != list(sb) or any(len(sa[x]["em"]) != len(sb[x]["em"]) for x in sa):
+            raise ValueError(f"compare {a!r} with {b!r}: they were not run on the same questions")
+        res: dict = {"a": a, "b": b}
+        for bench in sa:
+            res[bench] = {"n": len(sa[bench]["em"])}
+            for k in INTERVAL_KEYS:
+                d = stats.paired_diff(sa[bench][k], sb[bench][k], resamples=cfg.resamples, seed=cfg.seed,
+                                      level=cfg.level)
+                res[bench][k] = d.to_dict()
+        res["avg"] = {"n": sum(len(sa[x]["em"]) for x in sa)}
+        for k in INTERVAL_KEYS:
+            (xa, sizes), (xb, _) = _flat(sa, k), _flat(sb, k)
+            d = stats.paired_diff(xa, xb, sizes, resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
+            res["avg"][k] = d.to_dict()
+        out[f"{a} vs {b}"] = res
     return out

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ragteam.io import save_figure
+
 DISPLAY = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2Wiki", "musique": "MuSiQue", "bamboogle": "Bamboogle",
            "nq": "NQ", "popqa": "PopQA", "ambigqa": "AmbigQA", "triviaqa": "TriviaQA", "synthetic": "Synthetic"}
 ORDER = list(DISPLAY)  # the paper's column order first, then anything else alphabetically
@@ -30,7 +32,7 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
     head = ["Method"]
     for b in benchmarks:
         head += [f"{display(b)} EM", f"{display(b)} F1"]
-    head += ["Avg EM", "Avg F1", "Avg Acc", "LLM calls/q", "Tokens/q", "Retrievals/q", "Seconds/q"]
+    head += ["Avg EM", "Avg F1", "Avg Acc", "LLM calls/q", "Tokens/q", "Retrievals/q", "Seconds/q", "Passages/q"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for system, per in metrics.items():
         cells = [system]
@@ -39,22 +41,104 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
             cells += [_num(m["em"]), _num(m["f1"])] if m else ["–", "–"]
         a = per["avg"]
         cells += [_num(a["em"]), _num(a["f1"]), _num(a["acc"]), _num(a["llm_calls"], 1), _num(a["tokens"], 0),
-                  _num(a["retrieval_calls"], 1), _num(a["seconds"], 2)]
+                  _num(a["retrieval_calls"], 1), _num(a["seconds"], 2),
+                  _num(a["passages"], 1) if "passages" in a else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def _with_ci(m: Mapping, key: str) -> str:
+    ci = m.get(f"{key}_ci")
+    return f"{_num(m[key])} [{_num(ci[0])}, {_num(ci[1])}]" if ci else _num(m[key])
+
+
+def interval_table_markdown(metrics: Mapping, benchmarks: Sequence[str]) -> str:
+    """Rows = systems; "EM [lo, hi]" and "F1 [lo, hi]" per benchmark and on the average (bootstrap interval)."""
+    cols = [*benchmarks, "avg"]
+    head = ["Method"] + [f"{display(b) if b != 'avg' else 'Avg'} {k}" for b in cols for k in ("EM", "F1")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for system, per in metrics.items():
+        cells = [system]
+        for b in cols:
+            cells += [_with_ci(per[b], "em"), _with_ci(per[b], "f1")] if b in per else ["–", "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def workflow_table(metrics: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """JADE's own figures (App. D) for the systems that record them (`meta["workflow"]`), averaged over benchmarks:
+    rounds, retrievals and DS calls per question, DS calls per round, the share of plans that decompose (the rest
+    solve directly), of questions whose root was decomposed, of episodes stopped by the round limit, and R_global."""
+    rows = {system: per["avg"] for system, per in metrics.items() if "plans" in per["avg"]}
+    if not rows:
+        return ""
+    lines = ["| Method | Rounds/q | Retrievals/q | DS calls/q | DS/round | Decomposing plans % | Decomposed q % "
+             "| Round limit % | R_global |", "|---|" + "---:|" * 8]
+    for system, a in rows.items():
+        share = lambda x, y: _num(100 * x / y, 1) if y else "–"  # noqa: E731
+        cells = [system, _num(a["rounds"]), _num(a["retrievals"]), _num(a["ds_calls"]),
+                 _num(a["ds_calls"] / a["rounds"]) if a["rounds"] else "–", share(a["plans_decompose"], a["plans"]),
+                 _num(100 * a["decomposed"], 1), _num(100 * a["max_rounds_hit"], 1),
+                 _num(a["r_global"], 3) if "r_global" in a else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _diff_cell(d: Mapping) -> str:
+    sign = "+" if d["diff"] > 0 else ""
+    text = f"{sign}{_num(d['diff'])} [{_num(d['lo'])}, {_num(d['hi'])}]"
+    return f"**{text}** †" if d["significant"] else text
+
+
+def differences_markdown(differences: Mapping, benchmarks: Sequence[str]) -> str:
+    """One row per (pair, benchmark | avg): ΔEM and ΔF1 = a - b with the paired-bootstrap interval; † = 0 is
+    outside it."""
+    lines = ["| a − b | benchmark | n | ΔEM [CI] | ΔF1 [CI] |", "|---|---|---:|---:|---:|"]
+    for res in differences.values():
+        for b in [*benchmarks, "avg"]:
+            if b in res:
+                d = res[b]
+                lines.append(f"| {res['a']} − {res['b']} | {display(b) if b != 'avg' else 'Avg'} | {d['n']} | "
+                             f"{_diff_cell(d['em'])} | {_diff_cell(d['f1'])} |")
+    return "\n".join(lines)
+
+
+def differences_rule(resamples: int, seed: int, level: float) -> str:
+    pct = f"{100 * level:g} %"
+    return (f"Paired bootstrap over questions ({resamples:,} resamples, seed {seed}): both systems are scored on the "
+            f"same resampled questions, and the interval is the central {pct} of the resampled mean difference "
+            f"a − b (percentage points). **Bold †**: 0 lies outside the interval, the only case where this report "
+            f"claims a difference. Avg: each benchmark resampled within itself, unweighted mean of the "
+            f"per-benchmark differences. With n questions one question moves EM by 100/n points; with fewer than "
+            f"~20 questions the percentile bootstrap tends to be too narrow rather than too wide, and the pairs are "
+            f"not corrected for multiple comparisons.")
+
+
 def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mapping[str, object],
-                    plots: Sequence[str] = ()) -> str:
-    """The whole reports/eval.md: the table, how it was made, and the plots (paths relative to the report)."""
+                    plots: Sequence[str] = (), differences: Mapping | None = None,
+                    bootstrap: Mapping | None = None) -> str:
+    """The whole reports/eval.md: the table, how it was made, the intervals and paired differences (when given),
+    and the plots (paths relative to the report)."""
     n = {b: int(next(iter(metrics.values()))[b]["n"]) for b in benchmarks} if metrics else {}
     parts = ["# Evaluation", "",
              "EM / F1 / Acc in percent (FlashRAG normalisation, max over golden answers; Acc = a gold answer is "
              "contained in the prediction). Averages are unweighted over benchmarks, as in MAPS Table 1. Cost "
              "columns are means per question over all benchmarks: LLM calls, prompt + completion tokens, retrieval "
-             "calls, wall seconds.", "",
+             "calls, wall seconds, and (where a workflow records it) passages handed to the answering model.", "",
              table_markdown(metrics, benchmarks), "",
              "Questions per benchmark: " + ", ".join(f"{display(b)} {n[b]}" for b in benchmarks) + ".", ""]
+    boot = {"resamples": 10_000, "seed": 0, "level": 0.95, **(bootstrap or {})}
+    if metrics and "em_ci" in next(iter(metrics.values()))["avg"]:
+        parts += [f"## Scores with {100 * boot['level']:g} % intervals", "",
+                  f"Percentile bootstrap over questions ({boot['resamples']:,} resamples, seed {boot['seed']}); "
+                  f"Avg resamples each benchmark within itself.", "",
+                  interval_table_markdown(metrics, benchmarks), ""]
+    if differences:
+        parts += ["## Differences", "", differences_markdown(differences, benchmarks), "",
+                  differences_rule(boot["resamples"], boot["seed"], boot["level"]), ""]
+    if workflow_table(metrics):
+        parts += ["Workflow figures (JADE App. D), means per question over all benchmarks:", "",
+                  workflow_table(metrics), ""]
     if context:
         parts += ["| setting | value |", "|---|---|"]
         parts += [f"| {k} | {v} |" for k, v in context.items()]
@@ -86,7 +170,7 @@ def plot_cost_accuracy(metrics: Mapping, out_path: str | Path) -> Path:
     axes[0].set_title("accuracy vs token cost")
     axes[1].set_title("accuracy vs wall time")
     fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
+    save_figure(fig, out_path, dpi=110)
     plt.close(fig)
     return out_path
 
@@ -113,7 +197,7 @@ def plot_scores(metrics: Mapping, benchmarks: Sequence[str], out_path: str | Pat
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
+    save_figure(fig, out_path, dpi=110)
     plt.close(fig)
     return out_path
 

@@ -61,6 +61,7 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str  # "stop" (EOS or a stop string) | "length"
+    stop_reason: str | None = None  # the stop string that ended the text (not included in it); None: EOS or length
 
 
 class Engine(Protocol):
@@ -71,10 +72,38 @@ class Engine(Protocol):
         ...
 
 
+def find_stop(text: str, stop: list[str]) -> tuple[str, str | None]:
+    """(`text` cut before its earliest stop string, that stop string) or (`text`, None) when none occurs."""
+    hits = [(i, s) for s in stop if s for i in [text.find(s)] if i >= 0]
+    if not hits:
+        return text, None
+    cut, s = min(hits, key=lambda h: h[0])
+    return text[:cut], s
+
+
 def truncate_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     """Cut `text` before the earliest stop string (vLLM's default: the stop string is not returned)."""
-    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
+    cut, s = find_stop(text, stop)
+    return cut, s is not None
+
+
+def continues_assistant(messages: Messages) -> bool:
+    """True when the last message is a partial assistant turn that generation must continue (multi-turn agents
+    whose trajectory is one growing assistant message, e.g. QAgent); else a new assistant turn is opened."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
+
+
+def chat_text(tokenizer, messages: Messages) -> str:
+    """The prompt text of `messages` under the tokenizer's chat template, ready for generation.
+
+    A final assistant message is continued: rendered without its end-of-turn token (transformers'
+    `continue_final_message`), so the model goes on writing inside that turn; otherwise the generation prompt of a
+    new assistant turn is added.
+    """
+    if continues_assistant(messages):
+        return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True,
+                                             add_generation_prompt=False)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def load_engine(model_path: str, cfg: EngineConfig) -> Engine:
@@ -130,9 +159,10 @@ class Team:
         self.calls[role] = self.calls.get(role, 0) + 1
         return self.engine(role).generate(prompts, sampling or self.sampling_for(role))
 
-    def complete(self, role: str, prompts: list[Messages]) -> list[Completion]:
-        """One completion per prompt (the role's sampling with n forced to 1)."""
-        s = self.sampling_for(role)
+    def complete(self, role: str, prompts: list[Messages], sampling: SamplingConfig | None = None
+                 ) -> list[Completion]:
+        """One completion per prompt (`sampling`, default the role's, with n forced to 1)."""
+        s = sampling or self.sampling_for(role)
         if s.n != 1:
             s = s.model_copy(update={"n": 1})
         return [c[0] for c in self.generate(role, prompts, s)]

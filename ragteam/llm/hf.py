@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
-from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, truncate_at_stop
+from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, chat_text, find_stop
 
 
 _MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache copy
@@ -50,7 +50,8 @@ class HFEngine:
         self.eos_ids.discard(None)
 
     def encode(self, messages: Messages) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        """Prompt ids; a final assistant message is continued, not closed (see `ragteam.llm.chat_text`)."""
+        text = chat_text(self.tokenizer, messages)
         # the template already holds the special tokens; adding them again would double the BOS
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
@@ -167,6 +168,7 @@ class HFEngine:
         end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
         used = tokens if end is None else tokens[:end + 1]
         text = self.tokenizer.decode(used, skip_special_tokens=True)
-        text, stopped = truncate_at_stop(text, s.stop)
-        finish = "stop" if (end is not None or stopped) else "length"
-        return Completion(text=text, prompt_tokens=n_prompt, completion_tokens=len(used), finish_reason=finish)
+        text, stop = find_stop(text, s.stop)
+        finish = "stop" if (end is not None or stop is not None) else "length"
+        return Completion(text=text, prompt_tokens=n_prompt, completion_tokens=len(used), finish_reason=finish,
+                          stop_reason=stop)

@@ -5,7 +5,7 @@ install it) can still import the project. The parameter mapping is unit-tested w
 """
 from __future__ import annotations
 
-from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig
+from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, continues_assistant
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -42,8 +42,25 @@ class VLLMEngine:
         self.llm = vllm.LLM(**llm_kwargs(model_path, cfg))
 
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
+        """Prompts ending in an assistant message are continued inside that turn (`continue_final_message`, as
+        `ragteam.llm.chat_text` renders them for the hf engine); `LLM.chat` takes that flag per call, so the two
+        kinds go in two calls and come back in the caller's order."""
         params = self._vllm.SamplingParams(**sampling_kwargs(sampling))
-        outs = self.llm.chat(prompts, sampling_params=params, use_tqdm=False, add_generation_prompt=True)
-        return [[Completion(text=o.text, prompt_tokens=len(r.prompt_token_ids), completion_tokens=len(o.token_ids),
-                            finish_reason="length" if o.finish_reason == "length" else "stop")
-                 for o in r.outputs] for r in outs]
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for cont in (False, True):
+            idx = [i for i, m in enumerate(prompts) if continues_assistant(m) == cont]
+            if not idx:
+                continue
+            kw = dict(add_generation_prompt=False, continue_final_message=True) if cont else \
+                dict(add_generation_prompt=True)
+            outs = self.llm.chat([prompts[i] for i in idx], sampling_params=params, use_tqdm=False, **kw)
+            for i, r in zip(idx, outs):
+                out[i] = [_completion(o, len(r.prompt_token_ids)) for o in r.outputs]
+        return out
+
+
+def _completion(o, n_prompt: int) -> Completion:
+    stop = getattr(o, "stop_reason", None)  # the matched stop string, a stop token id, or None (EOS / length)
+    return Completion(text=o.text, prompt_tokens=n_prompt, completion_tokens=len(o.token_ids),
+                      finish_reason="length" if o.finish_reason == "length" else "stop",
+                      stop_reason=stop if isinstance(stop, str) else None)

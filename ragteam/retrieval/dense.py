@@ -378,16 +378,20 @@ def open_dense(index_path: str | Path, *, corpus: Corpus | str | Path | None = N
 
 def build_dense_index(corpus_path: str | Path, encoder: Encoder, shard_dir: str | Path, out_dir: str | Path, *,
                       spec: FaissSpec, shard_size: int, use_gpu: bool = True, show_progress: bool = True) -> dict:
-    """Encode (resumably) then index; writes `out_dir/index.faiss` + meta.json and returns timing stats."""
+    """Encode (resumably) then index; writes `out_dir/index.faiss` + meta.json and returns build and timing stats.
+
+    meta.json records how the index was built (device, fp16, GPU FAISS: they change its bytes); what describes
+    this run only (timings, shards reused from an interrupted run) is returned for the stage's metrics.
+    """
     corpus = Corpus(corpus_path)
     t0 = time.perf_counter()
     shards, encoded = encode_corpus(corpus, encoder, shard_dir, shard_size=shard_size, show_progress=show_progress)
     t1 = time.perf_counter()
     index = build_faiss_index(shards, encoder.dim, spec, use_gpu=use_gpu, show_progress=show_progress)
     t2 = time.perf_counter()
-    stats = {"n_docs": len(corpus), "encoded_now": encoded, "reused_from_shards": len(corpus) - encoded,
-             "faiss_index": describe_index(index), "encode_seconds": round(t1 - t0, 3),
-             "passages_per_s": round(encoded / (t1 - t0), 1) if encoded else None, "index_seconds": round(t2 - t1, 3),
-             "device": str(encoder.device), "fp16": encoder.fp16, "faiss_gpu": bool(use_gpu and gpu_available())}
-    write_dense_index(out_dir, index, spec=spec, corpus=corpus, encoder=encoder, stats=stats)
-    return stats
+    built = {"n_docs": len(corpus), "faiss_index": describe_index(index), "device": str(encoder.device),
+             "fp16": encoder.fp16, "faiss_gpu": bool(use_gpu and gpu_available())}
+    write_dense_index(out_dir, index, spec=spec, corpus=corpus, encoder=encoder, stats=built)
+    return {**built, "encoded_now": encoded, "reused_from_shards": len(corpus) - encoded,
+            "encode_seconds": round(t1 - t0, 3), "passages_per_s": round(encoded / (t1 - t0), 1) if encoded else None,
+            "index_seconds": round(t2 - t1, 3)}

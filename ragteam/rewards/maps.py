@@ -6,6 +6,11 @@ EM = 1 for some gold implies PR = F1 = 1 for that gold, and otherwise EM is 0 fo
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
+from ragteam.agents.core import FormatError
+from ragteam.agents.maps import parse_answer
 from ragteam.eval.metrics import exact_match, f1_score, precision_score
 
 
@@ -40,3 +45,33 @@ def delta_f1(y_next: str, y_prev: str, golden_answers: list[str]) -> float:
 
 # The answer-agent rewards by training stage; trainers and the OpenRLHF reward file look them up here.
 ANSWER_REWARDS = {"stage1": maps_answer_reward_stage1, "stage2": maps_answer_reward_stage2}
+
+
+@dataclass(frozen=True)
+class AnswerReward:
+    """The answer agent's reward on a raw model output, as every backend computes it (TRL, shared-prefix, OpenRLHF).
+
+    y is the answer as the pipeline reads it (`maps.parse_answer`), so the reward and the parser agree on what an
+    answer is. An output the parser rejects (empty, a lead-in with no answer after it, a copied `Doc 1(Title: ...`
+    header) has no y: it gets `format_penalty`, or, with `format_penalty = None` (the paper profile: Eq. 3-5
+    exactly), the equation's value for the empty answer. `clipped` (a completion cut at the token budget, CPU
+    profile): its real length is unknown, so L(y) = -1 as for an over-long answer.
+    """
+
+    equation: Literal["stage1", "stage2"]
+    alpha: float
+    max_words: int
+    min_words: int = 0
+    format_penalty: float | None = None
+
+    def __call__(self, text: str, golden_answers: list[str], clipped: bool = False) -> tuple[float, str]:
+        """(reward, y) for one raw output; y = "" when the output has no answer."""
+        y = parse_answer(text)
+        if isinstance(y, FormatError):
+            if self.format_penalty is not None:
+                return self.format_penalty, ""
+            y = ""
+        r = ANSWER_REWARDS[self.equation](y, golden_answers, self.alpha, self.max_words, self.min_words)
+        if clipped and length_penalty(y, self.max_words, self.min_words) == 0.0:
+            r -= 1.0
+        return r, y

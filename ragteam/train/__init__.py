@@ -3,6 +3,9 @@
 - `grpo.train_grpo`: GRPO on TRL's GRPOTrainer, or (`trainer: shared_prefix`) `grpo_prefix`, the same objective
   with the prompt encoded once per group (the CPU default);
 - `sft.train_sft`: SFT with the loss on the assistant turn only;
+- `common`: what the trainers share (GRPO / LoRA params, the sample record, device setup);
+- `synthesis`: MAPS Algorithm 1's data side (difficulty labels, debate snapshots T1, T2, judge candidates and
+  unanimity labels T3): it runs the agents' prompts and debates, so it lives with the training code, not in data/;
 - `maps`: the MAPS recipes (two-stage answer agent, ΔF1 query reward);
 - `openrlhf`: datasets, reward-function file and Ray / DeepSpeed commands for a GPU cluster;
 - `checkpoints`, `curves`, `model_card`: resume, the saved agent, DVC plots and the model card.

@@ -129,15 +129,14 @@ def unwrap_model(model: Any) -> Any:
 def save_agent(result: TrainResult, out_dir: str | Path, card: str | None = None) -> Path:
     """save_pretrained (safetensors) + tokenizer (+ README.md model card), atomically: all or nothing.
 
-    Everything written describes the weights, not the session that saved them (no wall time of a resumed rerun),
-    so re-saving the same trained model gives the same bytes and DVC sees an unchanged output.
+    Everything written describes the weights, not a session (no wall time: that goes to the stage's metrics),
+    so training or re-saving the same model gives the same bytes and DVC sees an unchanged output.
     """
     with atomic_dir(out_dir) as tmp:
         model = unwrap_model(result.model)
         model.save_pretrained(tmp, safe_serialization=True)
         result.tokenizer.save_pretrained(tmp)
-        write_json(tmp / TRAIN_INFO, {"fingerprint": result.extra.get("fingerprint"), "global_step": result.global_step,
-                                      "train_seconds": round(result.extra.get("train_seconds", result.seconds), 1)})
+        write_json(tmp / TRAIN_INFO, {"fingerprint": result.extra.get("fingerprint"), "global_step": result.global_step})
         if card is not None:
             (tmp / "README.md").write_text(card, encoding="utf-8")
     return Path(out_dir)

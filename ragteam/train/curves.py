@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from ragteam.io import atomic_file, write_json
+from ragteam.io import atomic_file, save_figure, write_json
 
 # TRL log keys -> curve columns (GRPO: reward, kl, em; SFT: loss, mean_token_accuracy)
 CURVE_KEYS = {
@@ -36,9 +36,22 @@ def curve_rows(log_history: Sequence[dict], step_offset: int = 0, **tags: object
     return rows
 
 
+# Columns that measure the machine, not the training: kept in the rows (metrics sum them) but never written to a
+# curve file, so a rerun with the same inputs and seeds writes the same curve bytes.
+WALL_CLOCK_COLUMNS = frozenset({"step_seconds"})
+
+
+def is_wall_clock(key: str) -> bool:
+    """A metric/column name that holds wall time (`seconds`, `step_seconds`, `stage1_seconds`, ...)."""
+    return key in WALL_CLOCK_COLUMNS or key == "seconds" or key.endswith("_seconds") or "seconds_" in key
+
+
 def write_curves(rows: Sequence[dict], csv_path: str | Path, json_path: str | Path | None = None,
                  png_path: str | Path | None = None, title: str = "") -> None:
-    """CSV (x = step) for `dvc plots`, optional JSON of the same rows, optional PNG of reward / loss / KL."""
+    """CSV (x = step) for `dvc plots`, optional JSON of the same rows, optional PNG of reward / loss / KL.
+
+    Wall-clock columns are left out (they belong in metrics); every file is written atomically."""
+    rows = [{k: v for k, v in r.items() if not is_wall_clock(k)} for r in rows]
     cols = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
@@ -75,8 +88,7 @@ def _plot(rows: Sequence[dict], path: Path, title: str) -> None:
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    with atomic_file(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -10,66 +10,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from ragteam.config import Strict
 from ragteam.eval.metrics import exact_match
-from ragteam.rewards.maps import ANSWER_REWARDS, length_penalty
+from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
-
-Messages = list[dict[str, str]]
-
-
-class LoraParams(Strict):
-    enabled: bool = False
-    rank: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    # Llama / Qwen / Mistral projection names (peft's "all-linear" cannot be combined with top_layers)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    top_layers: int | None = Field(None, ge=1)  # adapters on the top N decoder layers only: backward stops there
-
-
-class GRPOParams(Strict):
-    """One GRPO run (params.yaml: e.g. `train_answer.stage1`)."""
-
-    steps: int = Field(ge=1)                          # optimiser steps
-    prompts_per_step: int = Field(ge=1)               # the paper's rollout batch (32)
-    num_generations: int = Field(ge=2)                # G rollouts per prompt (16 in the paper)
-    micro_batch_size: int = Field(ge=1)               # completions per forward/backward (trl; shared_prefix: a group)
-    lr: float = Field(gt=0)                           # 1e-6 in the paper
-    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
-    kl_beta: float = Field(0.0, ge=0)                 # 1e-4 in the paper; 0 loads no reference model
-    temperature: float = Field(1.0, gt=0)
-    max_completion_length: int = Field(ge=1)          # new tokens per rollout
-    seed: int = 0
-    save_steps: int = Field(ge=1)
-    save_total_limit: int = Field(2, ge=1)
-    gradient_checkpointing: bool = False              # saves memory on GPU, costs ~30 % time on CPU
-    # "trl": GRPOTrainer (CPU/GPU, vLLM); "shared_prefix": ragteam.train.grpo_prefix, the prompt encoded once per
-    # group (~7x fewer FLOPs with long RAG prompts and short answers: the CPU default)
-    trainer: Literal["trl", "shared_prefix"] = "trl"
-    use_vllm: bool = False                            # TRL vLLM colocate (GPU env only)
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    lora: LoraParams = LoraParams()
-
-    @model_validator(mode="after")
-    def _batches_divide(self):
-        total = self.prompts_per_step * self.num_generations
-        if total % self.micro_batch_size:
-            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide prompts_per_step x "
-                             f"num_generations ({total})")
-        return self
-
-
-class GRPOSample(BaseModel):
-    """One GRPO prompt: chat messages and the golden answers the reward compares against."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: str
-    prompt: Messages = Field(min_length=1)
-    golden_answers: list[str] = Field(min_length=1)
-    meta: dict[str, Any] = Field(default_factory=dict)
+from ragteam.train.common import GRPOParams, GRPOSample, Messages, device_args, lora_config, validate_samples
 
 
 def completion_text(completion: str | Messages) -> str:
@@ -79,78 +23,34 @@ def completion_text(completion: str | Messages) -> str:
     return "".join(m.get("content", "") for m in completion).strip()
 
 
-def answer_reward_func(stage: Literal["stage1", "stage2"], alpha: float, max_words: int,
-                       min_words: int = 0, clip_tokens: int | None = None,
-                       parse: Callable[[str], Any] | None = None) -> Callable[..., list[float]]:
-    """The TRL reward callable for the answer agent: Eq. 4 (stage1) or Eq. 5 (stage2) per completion.
+def answer_reward_func(reward: AnswerReward, clip_tokens: int | None = None) -> Callable[..., list[float]]:
+    """The TRL reward callable for the answer agent: `reward` (Eq. 4 or Eq. 5 on the parsed answer) per completion.
 
-    TRL passes the dataset's `golden_answers` column (aligned with the completions) as a kwarg. EM is logged as
-    the metric `em` next to TRL's `reward`. `clip_tokens` (= max_completion_length; None = off): a completion
-    that used all of them was cut off, its real length is unknown, so L(y) = -1 as for an over-long answer.
-    Without it, short generation budgets let a policy earn the length term with answers that never end.
-    `parse` (the MAPS recipes pass `maps.parse_answer`): y is the answer as the pipeline reads it; an output it
-    rejects (e.g. a bare "Answer:") is the empty answer. Scoring the raw text let a policy collapse to "Answer:".
+    TRL passes the dataset's `golden_answers` column (aligned with the completions) as a kwarg. EM, words and the
+    share of clipped and answer-less outputs are logged next to TRL's `reward`. `clip_tokens`
+    (= max_completion_length; None = off): a completion that used all of them was cut off, its real length is
+    unknown, so L(y) = -1 as for an over-long answer. Without it, short generation budgets let a policy earn the
+    length term with answers that never end.
     """
-    reward_fn = ANSWER_REWARDS[stage]
 
-    def reward(completions: list, golden_answers: list[list[str]], log_metric=None, completion_ids=None,
-               **_: Any) -> list[float]:
-        ys = [completion_text(c) for c in completions]
-        if parse is not None:
-            ys = [y if isinstance(y, str) else "" for y in map(parse, ys)]
-        clipped = [False] * len(ys)
+    def reward_func(completions: list, golden_answers: list[list[str]], log_metric=None, completion_ids=None,
+                    **_: Any) -> list[float]:
+        texts = [completion_text(c) for c in completions]
+        clipped = [False] * len(texts)
         if clip_tokens is not None and completion_ids is not None:
             clipped = [len(ids) >= clip_tokens for ids in completion_ids]
+        scored = [reward(t, g, c) for t, g, c in zip(texts, golden_answers, clipped)]
+        ys = [y for _, y in scored]
         if log_metric is not None:
-            log_metric("em", sum(exact_match(y, g) for y, g in zip(ys, golden_answers)) / max(len(ys), 1))
-            log_metric("words", sum(len(y.split()) for y in ys) / max(len(ys), 1))
-            log_metric("clipped", sum(clipped) / max(len(ys), 1))
-        out = []
-        for y, g, c in zip(ys, golden_answers, clipped):
-            r = reward_fn(y, g, alpha, max_words, min_words)
-            if c and length_penalty(y, max_words, min_words) == 0.0:
-                r -= 1.0   # L(y) = -1: the answer did not end within the budget
-            out.append(r)
-        return out
+            n = max(len(ys), 1)
+            log_metric("em", sum(exact_match(y, g) for y, g in zip(ys, golden_answers)) / n)
+            log_metric("words", sum(len(y.split()) for y in ys) / n)
+            log_metric("clipped", sum(clipped) / n)
+            log_metric("no_answer", sum(not y for y in ys) / n)
+        return [r for r, _ in scored]
 
-    reward.__name__ = reward_fn.__name__  # TRL logs rewards/<__name__>/mean
-    return reward
-
-
-def validate_samples(rows: Sequence[GRPOSample | dict], model: type[BaseModel] = GRPOSample) -> list:
-    """Rows -> samples; a bad row fails with its index and id."""
-    out = []
-    for i, r in enumerate(rows):
-        if isinstance(r, model):
-            out.append(r)
-            continue
-        try:
-            out.append(model.model_validate(r))
-        except Exception as e:
-            rid = r.get("id", "?") if isinstance(r, dict) else "?"
-            raise ValueError(f"training sample {i} (id={rid!r}) is invalid: {e}") from None
-    if not out:
-        raise ValueError("no training samples")
-    return out
-
-
-def lora_config(p: LoraParams, model_path: str):
-    from peft import LoraConfig  # optional dependency: only when lora.enabled
-    from transformers import AutoConfig
-
-    layers = None
-    if p.top_layers is not None:
-        n = AutoConfig.from_pretrained(model_path).get_text_config().num_hidden_layers
-        layers = list(range(max(n - p.top_layers, 0), n))
-    return LoraConfig(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=p.target_modules,
-                      layers_to_transform=layers, task_type="CAUSAL_LM")
-
-
-def _device_args() -> dict[str, Any]:
-    import torch
-
-    cuda = torch.cuda.is_available()
-    return {"use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported())}
+    reward_func.__name__ = ANSWER_REWARDS[reward.equation].__name__  # TRL logs rewards/<__name__>/mean
+    return reward_func
 
 
 def grpo_config(params: GRPOParams, ckpt_dir: str, **overrides: Any):
@@ -167,7 +67,7 @@ def grpo_config(params: GRPOParams, ckpt_dir: str, **overrides: Any):
         save_total_limit=params.save_total_limit, logging_steps=1, report_to="none",
         gradient_checkpointing=params.gradient_checkpointing, use_vllm=params.use_vllm,
         vllm_gpu_memory_utilization=params.vllm_gpu_memory_utilization, disable_tqdm=False,
-        **_device_args(),
+        **device_args(),
     )
     kw.update(overrides)
     return GRPOConfig(**kw)

@@ -24,7 +24,7 @@ from typing import Any
 
 from ragteam.io import write_json
 from ragteam.train.checkpoints import TrainResult, checkpoint_steps, fingerprint, model_identity, prepare_resume
-from ragteam.train.grpo import GRPOParams, GRPOSample, lora_config, validate_samples
+from ragteam.train.common import GRPOParams, GRPOSample, lora_config, validate_samples
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,8 @@ def train_grpo_shared_prefix(
     run_tag: dict[str, Any] | None = None,
     callbacks: list | None = None,
 ) -> TrainResult:
-    """GRPO as `ragteam.train.grpo.train_grpo`, with one prompt pass per group; resumes from `ckpt_dir`.
+    """GRPO as `ragteam.train.grpo.train_grpo` (which dispatches here) with one prompt pass per group; resumes from
+    `ckpt_dir`.
 
     `callbacks`: objects with `on_step_end(args, state, control)` (e.g. transformers TrainerCallbacks), called after
     each optimiser step before its checkpoint is written.

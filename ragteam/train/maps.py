@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -21,7 +21,7 @@ from ragteam.agents.core import QueryPool
 from ragteam.config import Strict
 from ragteam.llm import Team
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.maps import delta_f1
+from ragteam.rewards.maps import AnswerReward, delta_f1
 from ragteam.train.checkpoints import TrainResult, save_agent
 from ragteam.train.curves import curve_rows
 from ragteam.train.grpo import GRPOParams, GRPOSample, answer_reward_func, completion_text, train_grpo
@@ -35,8 +35,15 @@ class AnswerAgentParams(Strict):
     max_words: int = Field(ge=1)               # l in Eq. 3
     min_words: int = Field(0, ge=0)            # 0 = Eq. 3; 1 = also penalise the empty answer (CPU profile)
     clipped_is_long: bool = False              # L(y) = -1 for a completion cut at max_completion_length (CPU)
+    format_penalty: float | None = None        # an output with no parseable answer; None = Eq. 3-5 exactly
+    stage1_reward: Literal["stage1", "stage2"] = "stage1"  # stage 1's equation: Eq. 4 (the paper's mixed design)
+                                                           # or Eq. 5 (Figure 3's single reward for both stages)
     stage1: GRPOParams
     stage2: GRPOParams
+
+    def reward(self, stage: Literal["stage1", "stage2"]) -> AnswerReward:
+        equation = self.stage1_reward if stage == "stage1" else "stage2"
+        return AnswerReward(equation, self.alpha, self.max_words, self.min_words, self.format_penalty)
 
 
 def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRPOSample | dict], model_path: str,
@@ -50,12 +57,13 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     """
     work = Path(work_dir)
     tag = {"alpha": params.alpha, "l": params.max_words, "min_words": params.min_words,
-           "clipped_is_long": params.clipped_is_long, "y": "maps.parse_answer"}
+           "clipped_is_long": params.clipped_is_long, "format_penalty": params.format_penalty,
+           "y": "maps.parse_answer (lead-in aware)"}
+    eq = {"stage1": "Eq. 4", "stage2": "Eq. 5"}
     r1 = train_grpo(stage1, model_path, str(work / "stage1"), params.stage1,
-                    answer_reward_func("stage1", params.alpha, params.max_words, params.min_words,
-                                       params.stage1.max_completion_length if params.clipped_is_long else None,
-                                       parse=maps.parse_answer),
-                    run_tag={**tag, "reward": "Eq. 4"}, callbacks=callbacks)
+                    answer_reward_func(params.reward("stage1"),
+                                       params.stage1.max_completion_length if params.clipped_is_long else None),
+                    run_tag={**tag, "reward": eq[params.stage1_reward]}, callbacks=callbacks)
     stage1_model = save_agent(r1, work / "stage1_model")
     rows = curve_rows(r1.log_history, stage="stage1")
     summary1 = {"global_step": r1.global_step, "seconds": r1.seconds, "resumed_from": r1.resumed_from,
@@ -63,9 +71,8 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     del r1
     gc.collect()
     r2 = train_grpo(stage2, str(stage1_model), str(work / "stage2"), params.stage2,
-                    answer_reward_func("stage2", params.alpha, params.max_words, params.min_words,
-                                       params.stage2.max_completion_length if params.clipped_is_long else None,
-                                       parse=maps.parse_answer),
+                    answer_reward_func(params.reward("stage2"),
+                                       params.stage2.max_completion_length if params.clipped_is_long else None),
                     run_tag={**tag, "reward": "Eq. 5"}, callbacks=callbacks)
     rows += curve_rows(r2.log_history, step_offset=params.stage1.steps, stage="stage2")
     r2.extra["stage1"] = summary1
@@ -144,6 +151,25 @@ def judge_samples(rows: Sequence[dict], where: str = "t3") -> list[SFTSample]:
             raise ValueError(f"{where}: row id={r.get('id')!r} is not a labelled judge sample")
         out.append(SFTSample(id=r["id"], prompt=msgs[:-1], completion=msgs[-1]["content"],
                              meta={"label": r["label"], "n_correct": r.get("n_correct")}))
+    return out
+
+
+def oversample_labels(samples: Sequence[SFTSample]) -> list[SFTSample]:
+    """Every label as often as the most frequent one: the minority's rows repeated in order (deterministic).
+
+    With unanimity labels the judge data is ~95 % `Insufficient`; SFT on it learns to say the majority label.
+    Repeats get ids `<id>#r<k>` so a row's copies stay traceable. A label with no rows stays absent.
+    """
+    by_label: dict[str, list[SFTSample]] = {}
+    for s in samples:
+        by_label.setdefault(s.completion, []).append(s)
+    if not by_label:
+        return []
+    target = max(len(v) for v in by_label.values())
+    out = list(samples)
+    for rows in by_label.values():
+        out += [rows[i % len(rows)].model_copy(update={"id": f"{rows[i % len(rows)].id}#r{i // len(rows) + 1}"})
+                for i in range(target - len(rows))]
     return out
 
 

@@ -25,8 +25,8 @@ from pydantic import Field
 from ragteam.config import Strict
 from ragteam.eval.metrics import exact_match
 from ragteam.io import atomic_file, write_jsonl
-from ragteam.rewards.maps import ANSWER_REWARDS
-from ragteam.train.grpo import GRPOParams, GRPOSample, validate_samples
+from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward
+from ragteam.train.common import GRPOParams, GRPOSample, validate_samples
 from ragteam.train.sft import SFTParams, SFTSample
 
 INPUT_KEY, LABEL_KEY, OUTPUT_KEY = "input", "label", "output"
@@ -88,23 +88,24 @@ def decode_label(label: Any) -> list[str]:
 
 def openrlhf_answer_rewards(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any], *,
                             stage: str, alpha: float, max_words: int, min_words: int = 0,
+                            format_penalty: float | None = None,
                             special_tokens: Sequence[str]) -> tuple[list[float], list[float]]:
-    """(rewards, EM) for OpenRLHF samples with the answer-agent reward of `stage` (Eq. 4 / Eq. 5)."""
-    reward_fn = ANSWER_REWARDS[stage]
+    """(rewards, EM) for OpenRLHF samples with the answer-agent reward of `stage` (Eq. 4 / Eq. 5), on the answer as
+    the pipeline parses it (`AnswerReward`, the same scorer as the TRL backend)."""
+    reward = AnswerReward(stage, alpha, max_words, min_words, format_penalty)
     rewards, ems = [], []
-    from ragteam.agents.maps import parse_answer
-
     for q, p, label in zip(queries, prompts, labels, strict=True):
-        y, golds = response_from_query(q, p, special_tokens), decode_label(label)
-        y = y if isinstance(y := parse_answer(y), str) else ""   # the answer as the pipeline reads it
-        rewards.append(reward_fn(y, golds, alpha, max_words, min_words))
+        golds = decode_label(label)
+        r, y = reward(response_from_query(q, p, special_tokens), golds)
+        rewards.append(r)
         ems.append(exact_match(y, golds))
     return rewards, ems
 
 
 _REWARD_FILE = '''"""OpenRLHF reward function (--reward.remote_url), written by ragteam.train.openrlhf.write_reward_file.
 
-reward: {reward_name} (MAPS {equation}), alpha={alpha}, l={max_words} words, min_words={min_words}
+reward: {reward_name} (MAPS {equation}), alpha={alpha}, l={max_words} words, min_words={min_words},
+format_penalty={format_penalty} (an output with no parseable answer; None = the equation's value for the empty answer)
 OpenRLHF loads this file with importlib.util.spec_from_file_location and calls reward_func once per sample with
 the prompt and response decoded together; the reward is the library's, as in the TRL backend.
 """
@@ -131,15 +132,16 @@ def reward_func(queries, prompts, labels, **kwargs):
 '''
 
 
-def write_reward_file(path: str | Path, *, stage: Literal["stage1", "stage2"], alpha: float, max_words: int,
-                      special_tokens: Sequence[str], project_dir: str, min_words: int = 0) -> Path:
-    """Write the `reward_func` file for the answer agent's GRPO `stage`; it records the reward, α and l."""
-    config = {"stage": stage, "alpha": alpha, "max_words": max_words, "min_words": min_words,
+def write_reward_file(path: str | Path, *, reward: AnswerReward, special_tokens: Sequence[str],
+                      project_dir: str) -> Path:
+    """Write the `reward_func` file for one answer-agent GRPO stage; it records the reward and its constants."""
+    config = {"stage": reward.equation, "alpha": reward.alpha, "max_words": reward.max_words,
+              "min_words": reward.min_words, "format_penalty": reward.format_penalty,
               "special_tokens": list(special_tokens)}
-    text = _REWARD_FILE.format(reward_name=ANSWER_REWARDS[stage].__name__,
-                               equation={"stage1": "Eq. 4", "stage2": "Eq. 5"}[stage], alpha=alpha,
-                               max_words=max_words, min_words=min_words, project_dir=str(project_dir),
-                               config=config)
+    text = _REWARD_FILE.format(reward_name=ANSWER_REWARDS[reward.equation].__name__,
+                               equation={"stage1": "Eq. 4", "stage2": "Eq. 5"}[reward.equation], alpha=reward.alpha,
+                               max_words=reward.max_words, min_words=reward.min_words,
+                               format_penalty=reward.format_penalty, project_dir=str(project_dir), config=config)
     with atomic_file(path) as f:
         f.write(text)
     return Path(path)
@@ -402,18 +404,16 @@ def sft_command(*, model_path: str, dataset: str, output_dir: str, ckpt_path: st
 
 
 def prepare_answer_grpo_job(samples: Sequence[GRPOSample | dict], job_dir: str | Path, *, model_path: str,
-                            output_dir: str, params: GRPOParams, stage: Literal["stage1", "stage2"], alpha: float,
-                            max_words: int, special_tokens: Sequence[str], cluster: OpenRLHFCluster,
-                            min_words: int = 0) -> OpenRLHFJob:
+                            output_dir: str, params: GRPOParams, reward: AnswerReward,
+                            special_tokens: Sequence[str], cluster: OpenRLHFCluster) -> OpenRLHFJob:
     """Write `<job_dir>/prompts.jsonl` and `reward_func.py` for one answer-agent stage; build the submit command.
 
     `special_tokens` = the tokenizer's `all_special_tokens` (stripped from decoded responses before scoring).
     """
     job_dir = Path(job_dir)
     dataset = job_dir / "prompts.jsonl"
-    n = write_prompt_dataset(dataset, samples, datasource=f"maps_answer_{stage}")
-    reward_file = write_reward_file(job_dir / "reward_func.py", stage=stage, alpha=alpha, max_words=max_words,
-                                    min_words=min_words, special_tokens=special_tokens,
+    n = write_prompt_dataset(dataset, samples, datasource=f"maps_answer_{reward.equation}")
+    reward_file = write_reward_file(job_dir / "reward_func.py", reward=reward, special_tokens=special_tokens,
                                     project_dir=cluster.project_dir)
     args = grpo_args(model_path=model_path, dataset=str(dataset), reward_file=str(reward_file),
                      output_dir=output_dir, ckpt_path=str(job_dir / "ckpt"), params=params, cluster=cluster,

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragteam.config import Strict
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
-from ragteam.train.grpo import LoraParams, Messages, _device_args, lora_config, validate_samples
+from ragteam.train.common import LoraParams, Messages, device_args, lora_config, validate_samples
 
 
 class SFTParams(Strict):
@@ -72,7 +72,7 @@ def sft_trainer(rows: list[dict], model_path: str, ckpt_dir: str, params: SFTPar
         learning_rate=params.lr, lr_scheduler_type=params.lr_scheduler, max_length=params.max_length,
         completion_only_loss=True, seed=params.seed, data_seed=params.seed, save_strategy="steps",
         save_steps=params.save_steps, save_total_limit=params.save_total_limit, logging_steps=1, report_to="none",
-        gradient_checkpointing=params.gradient_checkpointing, **_device_args(),
+        gradient_checkpointing=params.gradient_checkpointing, **device_args(),
     )
     return SFTTrainer(model=str(model_path), args=cfg, train_dataset=Dataset.from_list(rows),
                       callbacks=callbacks,

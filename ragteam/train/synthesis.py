@@ -113,13 +113,19 @@ def query_samples(rows: Sequence[dict], retriever: Retriever, top_k: int) -> lis
 
 
 def label_judge(candidates: Sequence[dict], team: Team, n_samples: int, temperature: float, max_new_tokens: int,
-                passage_words: int | None, seed: int, metric: str = "em") -> tuple[list[dict], dict]:
+                passage_words: int | None, seed: int, metric: str = "em", sufficient_min: int | None = None,
+                insufficient_max: int = 0) -> tuple[list[dict], dict]:
     """T3 (Algorithm 1 step 6): the trained answer agent answers each candidate `n_samples` times (temperature > 0).
 
-    All correct -> Sufficient Information; all wrong -> Insufficient Information; mixed -> dropped. "Correct" is
-    `metric`: em (the paper's natural reading) or acc (a golden answer contained in the answer).
+    All correct -> Sufficient Information; all wrong -> Insufficient Information; mixed -> dropped (the paper).
+    `sufficient_min` / `insufficient_max` relax the two ends (None = n_samples: unanimity; 0 = none right).
+    "Correct" is `metric`: em (the paper's natural reading) or acc (a golden answer contained in the answer).
     Returns (labelled rows, stats).
     """
+    sufficient_min = n_samples if sufficient_min is None else sufficient_min
+    if not insufficient_max < sufficient_min <= n_samples:
+        raise ValueError(f"label thresholds need insufficient_max ({insufficient_max}) < sufficient_min "
+                         f"({sufficient_min}) <= n_samples ({n_samples})")
     score = METRICS[metric]
     pools = [QueryPool.from_dict(c["pool"]) for c in candidates]
     s = SamplingConfig(n=n_samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
@@ -127,7 +133,7 @@ def label_judge(candidates: Sequence[dict], team: Team, n_samples: int, temperat
     out, stats = [], {"candidates": len(candidates), SUFFICIENT: 0, INSUFFICIENT: 0, "dropped": 0, "metric": metric}
     for c, pool, ans in zip(candidates, pools, answers):
         n = int(sum(score(a, c["golden_answers"]) for a in ans))
-        label = SUFFICIENT if n == n_samples else INSUFFICIENT if n == 0 else None
+        label = SUFFICIENT if n >= sufficient_min else INSUFFICIENT if n <= insufficient_max else None
         if label is None:
             stats["dropped"] += 1
             continue

@@ -1,4 +1,5 @@
-"""What the four MAPS training stages share: params sections, backends, the agent save with card and curves.
+"""What the MAPS training stages share (stage glue, not library): params sections, backends, the agent save with
+card and curves, the entry point.
 
 Paths follow one layout (dvc.yaml): agents in `models/agents/<agent>` (DVC outs, registered as artifacts),
 resumable checkpoints in `checkpoints/<stage>` (NOT DVC outs: DVC would delete them before a rerun), curves in
@@ -17,7 +18,7 @@ from pydantic import Field, model_validator
 from ragteam.config import ParamsError, Strict, load_params
 from ragteam.io import DataError, read_jsonl, write_json
 from ragteam.train.checkpoints import TrainResult, save_agent
-from ragteam.train.curves import summarize, write_curves
+from ragteam.train.curves import is_wall_clock, summarize, write_curves
 from ragteam.train.grpo import GRPOParams
 from ragteam.train.maps import AnswerAgentParams
 from ragteam.train.model_card import model_card
@@ -70,6 +71,8 @@ class LabelJudgeParams(Strict):
 
     n_samples: int = Field(16, ge=2)
     metric: Literal["em", "acc"] = "em"   # what "correct" means (the paper: EM)
+    sufficient_min: int | None = Field(None, ge=1)  # >= this many correct -> Sufficient (None = all: unanimity)
+    insufficient_max: int = Field(0, ge=0)          # <= this many correct -> Insufficient (the paper: 0)
     temperature: float = Field(gt=0)
     max_new_tokens: int = Field(ge=1)
     seed: int = 0
@@ -81,6 +84,7 @@ class TrainJudgeParams(Strict):
     """params.yaml `train_judge` (SFT, loss on the assistant turn only)."""
 
     backend: Backend = "trl"
+    balance: Literal["none", "oversample"] = "none"  # oversample: repeat the minority label's rows up to the majority
     sft: SFTParams
 
 
@@ -109,15 +113,14 @@ def finish_agent(result: TrainResult, curve: Sequence[dict], *, stage: str, agen
     """Save the agent (safetensors + tokenizer + model card) and its curves; return the stage's metrics.
 
     The card holds what describes the weights (training metrics from the logged history, `extra_metrics`);
-    `session_metrics` and the resume point describe this run only and go to the returned metrics alone, so a
-    resumed no-op rerun re-saves a byte-identical agent.
+    wall time (`seconds`, `*_seconds`), `session_metrics` and the resume point describe a run and go to the
+    returned metrics alone, so training the same model again, or a resumed no-op rerun, saves the same bytes.
     """
     total = train_seconds(curve, result.seconds)
-    result.extra["train_seconds"] = total
     metrics = {**summarize(curve, total, result.global_step), **(extra_metrics or {})}
     write_curves(curve, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png", title=title or stage)
-    card = model_card(agent=agent, base_model=base_model, backend=backend, data=data, params=params,
-                      reward=reward, metrics=metrics, notes=notes)
+    card = model_card(agent=agent, base_model=base_model, backend=backend, data=data, params=params, reward=reward,
+                      metrics={k: v for k, v in metrics.items() if not is_wall_clock(k)}, notes=notes)
     save_agent(result, AGENTS / agent, card)
     metrics["seconds_this_run"] = round(result.seconds, 1)
     if result.resumed_from is not None:
