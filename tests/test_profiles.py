@@ -120,3 +120,11 @@ def test_paper_profile_sets_the_maps_choices_and_every_section_validates(tmp_pat
     parse_section(merged, "maps", MapsConfig)
     assert parse_section(merged, "data", DataParams).flashrag.split["bamboogle"] == "test"
 
+
+def test_a_repeated_key_is_an_error_not_a_silently_dropped_section(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("llm:\n  sampling: {a: {max_new_tokens: 1}}\neval: {n_questions: 2}\nllm:\n  sampling: {b: {}}\n")
+    with pytest.raises(ParamsError, match=r"(?s)duplicate key 'llm'.*line 4"):
+        load_params(p)
+    p.write_text("a: {x: 1, y: 2}\nb: {x: 1}\n")  # the same key in different mappings is fine
+    assert load_params(p) == {"a": {"x": 1, "y": 2}, "b": {"x": 1}}
