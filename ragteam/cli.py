@@ -45,11 +45,12 @@ def data_validate(
 
 
 @profile_app.command("flags")
-def profile_flags(name: str, params: Path = Path("params.yaml")) -> None:
-    """Print `-S key=value` flags applying profiles/<name>.yaml, for `dvc exp run $(ragteam profile flags NAME)`."""
-    from ragteam.profiles import load_profile, to_set_flags
+def profile_flags(names: list[str], params: Path = Path("params.yaml")) -> None:
+    """Print `-S key=value` flags applying profiles/<name>.yaml (several: in order), for
+    `dvc exp run $(ragteam profile flags paper table3)`."""
+    from ragteam.profiles import profile_flags as flags
 
-    typer.echo(" ".join(to_set_flags(load_profile(name))))
+    typer.echo(" ".join(flags(names, params)))
 
 
 @profile_app.command("apply")

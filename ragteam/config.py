@@ -23,12 +23,26 @@ class ParamsError(ValueError):
     """A params file or section is missing or invalid; the message names the key."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, except a key repeated in one mapping is an error: YAML would keep only the last one, silently
+    dropping the earlier section (a profile once lost its JADE budgets to a second `llm:`)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: params file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

@@ -10,6 +10,9 @@ from ragteam.config import ParamsError, deep_merge, load_params
 from ragteam.io import atomic_file
 
 PROFILE_DIR = Path("profiles")
+# Mappings whose entries the user names (report rows, agent roles): an overlay may add entries there, e.g. the
+# Table 3 rows of profiles/table3.yaml. Everywhere else a key the base lacks is a typo.
+OPEN_MAPPINGS = ("eval.systems", "llm.sampling")
 
 
 def load_profile(name: str, directory: Path = PROFILE_DIR) -> dict:
@@ -31,18 +34,46 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def to_set_flags(overlay: dict) -> list[str]:
-    """`-S key=value` pairs for `dvc exp run`; values are JSON/YAML literals so lists survive."""
-    return [f"-S '{k}={json.dumps(v)}'" for k, v in _flatten(overlay).items()]
+def _has(base: dict, dotted: str) -> bool:
+    node: object = base
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def to_set_flags(overlay: dict, base: dict | None = None) -> list[str]:
+    """`-S key=value` pairs for `dvc exp run`; values are JSON/YAML literals so lists survive.
+
+    A key `base` lacks (a new entry of an OPEN_MAPPINGS mapping) is written `+key=value`: DVC parses `-S` with
+    Hydra's override grammar, where `+` adds a key and a plain override of a missing key is an error.
+    """
+    flat = _flatten(overlay)
+    add = {k: base is not None and not _has(base, k) for k in flat}
+    return [f"-S '{'+' if add[k] else ''}{k}={json.dumps(v)}'" for k, v in flat.items()]
 
 
 def check_keys(base: dict, overlay: dict, where: str = "") -> None:
-    """An overlay may only change keys the base already has: a typo must not become a silent new param."""
+    """An overlay may only change keys the base already has (or add entries to an OPEN_MAPPINGS mapping): a typo
+    must not become a silent new param."""
     for k, v in overlay.items():
         if k not in base:
+            if where.rstrip(".") in OPEN_MAPPINGS:
+                continue
             raise ParamsError(f"profile key '{where}{k}' does not exist in params.yaml")
         if isinstance(v, dict) and isinstance(base[k], dict):
             check_keys(base[k], v, f"{where}{k}.")
+
+
+def profile_flags(names: list[str], params: Path = Path("params.yaml"), directory: Path = PROFILE_DIR) -> list[str]:
+    """The `-S` flags applying profiles `names` in order (later ones win) over `params`."""
+    base, overlay = load_params(params), {}
+    for name in names:
+        one = load_profile(name, directory)
+        check_keys(base, one)
+        overlay = deep_merge(overlay, one)
+    return to_set_flags(overlay, base)
 
 
 def apply_profile(name: str, params: Path = Path("params.yaml"), directory: Path = PROFILE_DIR) -> list[str]:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from ragteam.config import Strict, load_params, parse_section
 from ragteam.data import sources
@@ -44,11 +44,19 @@ class FlashragParams(Strict):
     repo: str
     datasets: list[str]
     train_from: list[str]
-    split: str
+    split: str | dict[str, str]     # one split for every dataset, or dataset -> split (Bamboogle has only test)
     train_split: str
     max_eval_rows: int
     max_train_rows: int
     corpus: str
+
+    @model_validator(mode="after")
+    def _split_per_dataset(self) -> FlashragParams:
+        if isinstance(self.split, dict):
+            missing = [d for d in self.datasets if d not in self.split]
+            if missing:
+                raise ValueError(f"split: no split for datasets {missing} (a mapping must name every dataset)")
+        return self
 
 
 class ValidationParams(Strict):

@@ -39,6 +39,8 @@ class SynthesizeParams(Strict):
     passage_words: int | None = Field(None, ge=1)
     difficulty: DifficultyParams
     answer_pool: list[Literal["easy", "medium", "hard"]]   # labels that form Q1 (answer-agent data)
+    max_q1: int = Field(0, ge=0)              # debate at most the first n Q1 questions; 0 = all (paper 8,148)
+    max_t2: int = Field(0, ge=0)              # T2 from at most the first n Q2 questions; 0 = all (paper 10,000)
     top3_fraction: float = Field(ge=0, le=1)  # share of Q1 debated with top-3 chunks per round (paper 6000/8148)
     max_samples_per_question: int = Field(ge=1, le=4)
     t2_top_k: int = Field(ge=1)
@@ -61,8 +63,7 @@ def run(sp: SynthesizeParams, llm: LLMConfig, debate: DebateConfig, pool_file: P
     print(f"synthesize: difficulty of {len(rows)} questions ({d.k} samples each)", flush=True)
     labelled = synthesis.label_difficulty(rows, team, retriever, rule, d.top_k, d.temperature, d.max_new_tokens,
                                           sp.passage_words, sp.seed)
-    q1 = [r for r in labelled if r["metadata"]["difficulty"] in sp.answer_pool]
-    q2 = [r for r in labelled if r["metadata"]["difficulty"] not in sp.answer_pool]
+    q1, q2 = synthesis.split_questions(labelled, sp.answer_pool, sp.max_q1, sp.max_t2)
     print(f"synthesize: Q1 (answer agent) {len(q1)}, Q2 (query agent) {len(q2)}; debating Q1", flush=True)
     t1, episodes = synthesis.debate_samples(q1, team, retriever, debate.model_copy(update={
         "passage_words": sp.passage_words}), round(sp.top3_fraction * len(q1)), sp.max_samples_per_question)

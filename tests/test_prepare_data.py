@@ -139,10 +139,10 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
 
 def test_flashrag_source_from_local_paths_with_resumable_download(tmp_path, shared_data):
     repo = tmp_path / "flashrag"
-    for name in ("hotpotqa", "bamboogle"):
+    for name, split in (("hotpotqa", "dev"), ("bamboogle", "test")):  # FlashRAG's layout: Bamboogle has only test
         (repo / name).mkdir(parents=True)
         rows = load_jsonl(shared_data / f"benchmarks/{name}/dev.jsonl")
-        (repo / name / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:20]))
+        (repo / name / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:20]))
         (repo / name / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[20:60]))
     served = tmp_path / "www"
     served.mkdir()
@@ -163,3 +163,52 @@ def test_flashrag_source_from_local_paths_with_resumable_download(tmp_path, shar
         srv.shutdown()
     assert sha256_file(tmp_path / "cache/wiki.jsonl") == sha256_file(served / "wiki.jsonl")
     assert m["rows"] == {"corpus": 9005, "benchmarks/hotpotqa": 20, "benchmarks/bamboogle": 20, "train/pool": 40}
+
+
+def _flashrag_dir(tmp_path, shared_data, layout: dict[str, str]) -> Path:
+    repo = tmp_path / "flashrag"
+    for name, split in layout.items():
+        (repo / name).mkdir(parents=True)
+        rows = load_jsonl(shared_data / f"benchmarks/{name}/dev.jsonl")[:10]
+        (repo / name / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return repo
+
+
+def test_flashrag_split_per_dataset_or_one_for_all(tmp_path, shared_data):
+    from ragteam.data.sources import from_flashrag
+
+    corpus = shared_data / "corpus/mini_wiki.jsonl"
+    repo = _flashrag_dir(tmp_path, shared_data, {"hotpotqa": "dev", "bamboogle": "test", "musique": "test"})
+    args = dict(train_split="dev", train_from=[], max_eval_rows=5, max_train_rows=5, corpus=str(corpus),
+                cache_dir=tmp_path / "c")
+    got = from_flashrag(str(repo), ["hotpotqa", "bamboogle"], {"hotpotqa": "dev", "bamboogle": "test"}, **args)
+    assert {n: len(r) for n, r in got.benchmarks.items()} == {"hotpotqa": 5, "bamboogle": 5}
+    assert got.benchmarks["bamboogle"][0]["id"] == "bamboogle_0"
+    got = from_flashrag(str(repo), ["bamboogle", "musique"], "test", **args)  # one split for all still works
+    assert sorted(got.benchmarks) == ["bamboogle", "musique"]
+    with pytest.raises(DataError, match=r"bamboogle/dev\.jsonl not found"):  # the old single `dev` split
+        from_flashrag(str(repo), ["hotpotqa", "bamboogle"], "dev", **args)
+    with pytest.raises(DataError, match="no split for dataset 'bamboogle'"):
+        from_flashrag(str(repo), ["hotpotqa", "bamboogle"], {"hotpotqa": "dev"}, **args)
+
+
+def test_flashrag_split_mapping_must_name_every_dataset():
+    base = load_params(REPO / "params.yaml")
+    assert base["data"]["flashrag"]["split"]["bamboogle"] == "test"
+    bad = deep_merge(base, {"data": {"flashrag": {"datasets": ["hotpotqa", "popqa"]}}})
+    with pytest.raises(ParamsError, match=r"data\.flashrag.*no split for datasets \['popqa'\]"):
+        parse_section(bad, "data", DataParams)
+    ok = deep_merge(base, {"data": {"flashrag": {"datasets": ["popqa"], "split": "test"}}})
+    assert parse_section(ok, "data", DataParams).flashrag.split == "test"
+
+
+def test_mirror_benchmark_with_only_a_test_split(tmp_path, shared_data):
+    m = _mirror_copy(tmp_path, shared_data)
+    (m / "benchmarks/bamboogle/dev.jsonl").rename(m / "benchmarks/bamboogle/test.jsonl")
+    run(_mirror_params(m), tmp_path / "out", tmp_path / "r.json", tmp_path / "c")
+    assert len(load_jsonl(tmp_path / "out/benchmarks/bamboogle.jsonl")) == 125
+    manifest = json.loads((tmp_path / "out/manifest.json").read_text())
+    assert str(m / "benchmarks/bamboogle/test.jsonl") in manifest["inputs"]
+    (m / "benchmarks/bamboogle/test.jsonl").unlink()
+    with pytest.raises(DataError, match=r"'bamboogle' not found at .*dev\.jsonl or .*test\.jsonl"):
+        run(_mirror_params(m), tmp_path / "out2", tmp_path / "r2.json", tmp_path / "c")

@@ -33,3 +33,98 @@ def test_set_flags_round_trip_values():
     flags = to_set_flags({"a": {"b": [1, 2], "c": "hf:x/y"}})
     assert flags == ["-S 'a.b=[1, 2]'", "-S 'a.c=\"hf:x/y\"'"]
     assert yaml.safe_load(flags[0].split("=", 1)[1].rstrip("'")) == [1, 2]
+
+
+def _dvc_set(params, flags: list[str]) -> dict:
+    """Apply `-S` flags the way `dvc exp run` does (Hydra override grammar) and return the new params."""
+    from dvc.utils.hydra import apply_overrides
+
+    overrides = [f.removeprefix("-S '").removesuffix("'") for f in flags]
+    apply_overrides(str(params), overrides)
+    return load_params(params)
+
+
+def test_table3_profile_adds_fixed_round_systems_through_dvc_set_flags(tmp_path):
+    from pathlib import Path
+
+    from ragteam.config import parse_section
+    from ragteam.eval.evaluate import EvalConfig
+    from ragteam.profiles import profile_flags
+
+    repo = Path(__file__).resolve().parents[1]
+    params = tmp_path / "params.yaml"
+    params.write_text((repo / "params.yaml").read_text())
+    flags = profile_flags(["table3"], params, repo / "profiles")
+    assert "-S '+eval.systems.maps_rounds_1.fixed_rounds=1'" in flags  # `+`: a new key in Hydra's grammar
+    ev = parse_section(_dvc_set(params, flags), "eval", EvalConfig)
+    fixed = {n: s.fixed_rounds for n, s in ev.systems.items() if n.startswith("maps_rounds_")}
+    assert fixed == {f"maps_rounds_{k}": k for k in range(1, 6)}
+    assert all(ev.systems[n].trained_agents and ev.systems[n].workflow == "maps" for n in fixed)
+    assert "maps" in ev.systems and ev.systems["maps"].fixed_rounds is None  # the judge-decided row stays
+
+
+def test_profiles_compose_in_order_and_existing_keys_get_plain_overrides(tmp_path):
+    from pathlib import Path
+
+    from ragteam.profiles import profile_flags
+
+    repo = Path(__file__).resolve().parents[1]
+    params = tmp_path / "params.yaml"
+    params.write_text((repo / "params.yaml").read_text())
+    flags = profile_flags(["paper", "table3"], params, repo / "profiles")
+    assert "-S 'eval.retriever=\"data/indexes/dense\"'" in flags and len(flags) == len(set(flags))
+    merged = _dvc_set(params, flags)
+    assert merged["eval"]["retriever"] == "data/indexes/dense"
+    assert merged["eval"]["systems"]["maps_rounds_5"]["fixed_rounds"] == 5
+    assert merged["data"]["source"] == "flashrag"
+
+
+def test_new_keys_only_inside_open_mappings(tmp_path):
+    (tmp_path / "profiles").mkdir()
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"eval": {"systems": {"a": {"workflow": "native"}}, "n_questions": 8}}))
+    (tmp_path / "profiles" / "ok.yaml").write_text(yaml.safe_dump({"eval": {"systems": {"b": {"workflow": "maps"}}}}))
+    (tmp_path / "profiles" / "bad.yaml").write_text(yaml.safe_dump({"eval": {"n_question": 9}}))
+    apply_profile("ok", params, tmp_path / "profiles")
+    assert load_params(params)["eval"]["systems"] == {"a": {"workflow": "native"}, "b": {"workflow": "maps"}}
+    with pytest.raises(ParamsError, match=r"eval\.n_question"):
+        apply_profile("bad", params, tmp_path / "profiles")
+
+
+def test_paper_profile_sets_the_maps_choices_and_every_section_validates(tmp_path):
+    from pathlib import Path
+
+    from ragteam.agents.maps_workflow import MapsConfig
+    from ragteam.config import parse_section
+    from ragteam.eval.evaluate import EvalConfig
+    from ragteam.llm import LLMConfig
+    from stages.prepare_data import DataParams
+    from stages.synthesize import SynthesizeParams
+    from stages.train_answer import TrainAnswerParams
+
+    repo = Path(__file__).resolve().parents[1]
+    params = tmp_path / "params.yaml"
+    params.write_text((repo / "params.yaml").read_text())
+    apply_profile("paper", params, repo / "profiles")
+    apply_profile("table3", params, repo / "profiles")
+    merged = load_params(params)
+    ev = parse_section(merged, "eval", EvalConfig)
+    assert ev.retriever == "data/indexes/dense" and {"ircot", "sure", "maps_rounds_3"} <= set(ev.systems)
+    assert ev.baselines.ircot.max_iterations == 5 and ev.baselines.sure.max_candidates is None
+    sp = parse_section(merged, "synthesize", SynthesizeParams)
+    assert (sp.max_q1, sp.max_t2, sp.judge_candidates) == (8148, 10000, ["t2"])
+    assert parse_section(merged, "train_answer", TrainAnswerParams).alpha == 0.5
+    llm = parse_section(merged, "llm", LLMConfig)
+    assert llm.sampling["opponent"].max_new_tokens >= 256 and llm.sampling["proponent"].max_new_tokens >= 256
+    assert llm.sampling["jade_planner"].max_new_tokens == 1024 and llm.sampling["qagent"].max_new_tokens == 512
+    parse_section(merged, "maps", MapsConfig)
+    assert parse_section(merged, "data", DataParams).flashrag.split["bamboogle"] == "test"
+
+
+def test_a_repeated_key_is_an_error_not_a_silently_dropped_section(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("llm:\n  sampling: {a: {max_new_tokens: 1}}\neval: {n_questions: 2}\nllm:\n  sampling: {b: {}}\n")
+    with pytest.raises(ParamsError, match=r"(?s)duplicate key 'llm'.*line 4"):
+        load_params(p)
+    p.write_text("a: {x: 1, y: 2}\nb: {x: 1}\n")  # the same key in different mappings is fine
+    assert load_params(p) == {"a": {"x": 1, "y": 2}, "b": {"x": 1}}

@@ -89,6 +89,17 @@ def test_judge_labels_by_sixteen_sample_unanimity():
     assert out[0]["messages"][0]["content"].startswith("Determine whether the EXISTING QUERIES")
 
 
+def test_split_questions_routes_by_label_and_caps_each_pool():
+    label = {"h": "hard", "e": "easy", "m": "medium"}
+    rows = [{"id": str(i), "metadata": {"difficulty": label[c]}} for i, c in enumerate("hehmhhme")]
+    q1, q2 = synthesis.split_questions(rows, ["hard"])
+    assert [r["id"] for r in q1] == ["0", "2", "4", "5"] and [r["id"] for r in q2] == ["1", "3", "6", "7"]
+    q1, q2 = synthesis.split_questions(rows, ["hard", "medium"], max_q1=3, max_t2=1)
+    assert [r["id"] for r in q1] == ["0", "2", "3"] and [r["id"] for r in q2] == ["1"]  # first n, order kept
+    q1, q2 = synthesis.split_questions(rows, ["hard"], max_q1=100, max_t2=0)  # a cap above the count: all
+    assert len(q1) == 4 and len(q2) == 4
+
+
 def test_judge_label_thresholds_relax_unanimity_and_are_checked():
     cands = synthesis.query_samples(ROWS, KeywordRetriever(PASSAGES), top_k=2)
     # q3's answers alternate: 8 of 16 contain the gold "portraits"; q1 16/16; q2 0/16

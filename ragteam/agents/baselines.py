@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from ragteam.agents.core import clip_words, finish_episode, llm_step, new_episode, retrieve_step
+from ragteam.agents.ircot import IRCoTConfig
+from ragteam.agents.sure import SuReConfig
 from ragteam.agents.maps import parse_answer
 from ragteam.config import Strict
 from ragteam.llm import Messages, Team
@@ -34,6 +36,8 @@ class BaselineConfig(Strict):
     top_k: int = Field(3, ge=1)               # passages for standard RAG and each Iter-RetGen iteration
     iterations: int = Field(3, ge=1)          # Iter-RetGen iterations (FlashRAG default 3)
     passage_words: int | None = Field(None, ge=1)
+    ircot: IRCoTConfig = IRCoTConfig()        # IRCoT (ragteam.agents.ircot)
+    sure: SuReConfig = SuReConfig()           # SuRe (ragteam.agents.sure)
 
 
 def reference(hits: Sequence[Hit], passage_words: int | None = None) -> str:

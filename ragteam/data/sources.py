@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +61,9 @@ def split_benchmarks(rows_by_name: dict[str, list[dict]], train_from: list[str],
     return benchmarks, pool
 
 
+MIRROR_SPLITS = ("dev", "test")  # the first that exists is a mirror benchmark's evaluation split
+
+
 def from_mirror(root: str | Path, benchmarks: list[str], train_from: list[str], train_fraction: float,
                 seed: int) -> Prepared:
     root = Path(root)
@@ -72,9 +75,11 @@ def from_mirror(root: str | Path, benchmarks: list[str], train_from: list[str], 
         raise DataError(f"mirror: train_from names benchmarks not in data.mirror.benchmarks: {missing}")
     bench_files = {}
     for name in benchmarks:
-        path = root / "benchmarks" / name / "dev.jsonl"
-        if not path.exists():
-            raise DataError(f"mirror {root}: benchmark {name!r} not found at {path}")
+        # dev, as MAPS evaluates; a benchmark published only as a test split (FlashRAG's Bamboogle, NQ) has test
+        tried = [root / "benchmarks" / name / f"{split}.jsonl" for split in MIRROR_SPLITS]
+        path = next((p for p in tried if p.exists()), None)
+        if path is None:
+            raise DataError(f"mirror {root}: benchmark {name!r} not found at {' or '.join(map(str, tried))}")
         bench_files[name] = path
     rows = {name: list(iter_qa(path)) for name, path in bench_files.items()}
     evals, pool = split_benchmarks(rows, train_from, train_fraction, seed)
@@ -157,9 +162,20 @@ def _load_flashrag_split(repo: str, name: str, split: str, limit: int) -> list[d
     return rows
 
 
-def from_flashrag(repo: str, datasets_: list[str], split: str, train_split: str, train_from: list[str],
-                  max_eval_rows: int, max_train_rows: int, corpus: str, cache_dir: Path) -> Prepared:
-    benchmarks = {name: _load_flashrag_split(repo, name, split, max_eval_rows) for name in datasets_}
+def split_of(split: str | Mapping[str, str], name: str) -> str:
+    """The evaluation split of dataset `name`: one split for all, or a mapping dataset -> split."""
+    if isinstance(split, str):
+        return split
+    if name not in split:
+        raise DataError(f"data.flashrag.split names no split for dataset {name!r} (has {sorted(split)})")
+    return split[name]
+
+
+def from_flashrag(repo: str, datasets_: list[str], split: str | Mapping[str, str], train_split: str,
+                  train_from: list[str], max_eval_rows: int, max_train_rows: int, corpus: str,
+                  cache_dir: Path) -> Prepared:
+    """`split` may differ per dataset: FlashRAG publishes Bamboogle (and NQ) only as `test`, the others as `dev`."""
+    benchmarks = {name: _load_flashrag_split(repo, name, split_of(split, name), max_eval_rows) for name in datasets_}
     pool = []
     for name in train_from:
         for row in _load_flashrag_split(repo, name, train_split, max_train_rows):

@@ -18,9 +18,11 @@ from ragteam.agents import jade as jade_agents
 from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import run_debate
 from ragteam.agents.decor_workflow import DecorConfig, run_decor
+from ragteam.agents.ircot import ROLE as REASONER, run_ircot
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.agents.qagent_workflow import GENERATOR_ROLE as QAGENT_GENERATOR, QAgentConfig, run_qagent
+from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
 from ragteam.config import Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
@@ -31,7 +33,8 @@ from ragteam.retrieval.base import Retriever
 from ragteam.rewards.decor import Judge, make_judge, score_lj
 from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "decor", "qagent", "qagent_plugin"]
+Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "decor", "qagent", "qagent_plugin",
+                   "ircot", "sure"]
 # roles with trained checkpoints (eval.agents)
 AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent", "decor_planner", "decor_filter",
                     "decor_answerer"]
@@ -40,7 +43,8 @@ ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (G
          "maps": ("query_agent", "judge_agent", "answer_agent"),
          "jade": jade_agents.ROLES,
          "decor": (*decor.POLICY_ROLES, decor.SUMMARIZER),
-         "qagent": ("qagent",), "qagent_plugin": ("qagent", QAGENT_GENERATOR)}
+         "qagent": ("qagent",), "qagent_plugin": ("qagent", QAGENT_GENERATOR),
+         "ircot": (REASONER,), "sure": SURE_ROLES}
 SCORE_KEYS = ("em", "f1", "acc")
 OPTIONAL_SCORE_KEYS = ("lj",)  # summarised only where every episode has it
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
@@ -140,6 +144,10 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         eps = run_iter_retgen(rows, team, retriever, cfgs.baselines, system=name)
     elif spec.workflow == "drag":
         eps = run_debate(rows, team, retriever, cfgs.maps.debate, answer=True, system=name)
+    elif spec.workflow == "ircot":
+        eps = run_ircot(rows, team, retriever, cfgs.baselines.ircot, system=name)
+    elif spec.workflow == "sure":
+        eps = run_sure(rows, team, retriever, cfgs.baselines.sure, system=name)
     elif spec.workflow == "jade":
         eps = run_jade(rows, team, retriever, cfgs.jade, system=name)
     elif spec.workflow == "decor":

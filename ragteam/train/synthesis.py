@@ -144,3 +144,15 @@ def label_judge(candidates: Sequence[dict], team: Team, n_samples: int, temperat
     stats["drop_rate"] = stats["dropped"] / max(len(candidates), 1)
     stats["sufficient_share"] = stats[SUFFICIENT] / max(len(out), 1)
     return out, stats
+
+
+def split_questions(labelled: Sequence[dict], answer_pool: Sequence[str], max_q1: int = 0, max_t2: int = 0
+                    ) -> tuple[list[dict], list[dict]]:
+    """Algorithm 1 step 1: Q1 = rows whose difficulty is in `answer_pool` (debated into T1), Q2 = the rest (T2).
+
+    Each is cut to its first `max_q1` / `max_t2` rows (0 = no cap): the paper debates 8,148 hard questions and
+    trains the query agent on 10,000 T2 samples (one per Q2 question).
+    """
+    q1 = [r for r in labelled if r["metadata"]["difficulty"] in answer_pool]
+    q2 = [r for r in labelled if r["metadata"]["difficulty"] not in answer_pool]
+    return (q1[:max_q1] if max_q1 else q1), (q2[:max_t2] if max_t2 else q2)
