@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 
 from ragteam.agents import baselines, maps
+from ragteam.agents import mask as mask_agents
 from ragteam.llm import Completion, Messages, SamplingConfig
 from ragteam.retrieval.base import Hit
 
@@ -18,6 +19,9 @@ _ROLE_BY_SYSTEM = [
     (maps.ANSWER_AGENT_SYSTEM[:80], "answer_agent"), (maps.PROPONENT_SYSTEM[:40], "proponent"),
     (maps.OPPONENT_SYSTEM[:40], "opponent"), (maps.MODERATOR_SYSTEM[:40], "moderator"),
     (baselines.NATIVE_SYSTEM[:60], "generator"), (baselines.RAG_SYSTEM[:60], "generator"),
+    *[(system[:40], role) for system, role in zip(
+        (mask_agents.PLANNING_SYSTEM, mask_agents.SEARCH_SYSTEM, mask_agents.SUMMARY_SYSTEM,
+         mask_agents.UPDATE_SYSTEM, mask_agents.ANSWER_SYSTEM), mask_agents.ROLES)],
 ]
 
 
