@@ -31,7 +31,8 @@ def sampling_kwargs(s: SamplingConfig) -> dict:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, cfg: EngineConfig):
+    def __init__(self, model_path: str, cfg: EngineConfig, max_lora_rank: int | None = None):
+        """`max_lora_rank` (a trainer's rollouts): enable LoRA adapters; `load_lora` then swaps the policy in."""
         try:
             import vllm
         except ImportError as e:  # the orchestrator env has no vllm
@@ -39,11 +40,24 @@ class VLLMEngine:
                                "use llm.backend=hf or run this stage on the GPU pool") from e
         self._vllm = vllm
         self.model_path = str(model_path)
-        self.llm = vllm.LLM(**llm_kwargs(model_path, cfg))
+        kw = llm_kwargs(model_path, cfg)
+        if max_lora_rank:
+            kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+        self.llm = vllm.LLM(**kw)
+        self._lora, self._lora_id = None, 0
+
+    def load_lora(self, adapter_dir: str) -> None:
+        """Generate with the LoRA adapter saved in `adapter_dir` from now on (a new id each time, so vLLM reloads
+        it instead of serving its cached copy of the previous step's adapter)."""
+        from vllm.lora.request import LoRARequest
+
+        self._lora_id += 1
+        self._lora = LoRARequest(f"policy-{self._lora_id}", self._lora_id, str(adapter_dir))
 
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         params = self._vllm.SamplingParams(**sampling_kwargs(sampling))
-        outs = self.llm.chat(prompts, sampling_params=params, use_tqdm=False, add_generation_prompt=True)
+        kw = {"lora_request": self._lora} if self._lora is not None else {}
+        outs = self.llm.chat(prompts, sampling_params=params, use_tqdm=False, add_generation_prompt=True, **kw)
         return [[Completion(text=o.text, prompt_tokens=len(r.prompt_token_ids), completion_tokens=len(o.token_ids),
                             finish_reason="length" if o.finish_reason == "length" else "stop")
                  for o in r.outputs] for r in outs]
