@@ -189,6 +189,7 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="print the Episodes as JSONL instead"),
 ) -> None:
     """Answer QUESTIONS with one configured system (MAPS by default): answers, rounds, cost, optionally every call."""
+    from ragteam.agents.mask_workflow import MaskConfig
     from ragteam.agents.maps_workflow import MapsConfig
     from ragteam.config import ParamsError, load_params, parse_section
     from ragteam.eval.evaluate import EvalConfig, make_team, run_system
@@ -208,7 +209,8 @@ def ask(
             retriever = open_retriever(index or ev.retriever)
         team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling)
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
-        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system)
+        mask_cfg = parse_section(p, "mask", MaskConfig) if spec.workflow == "mask" else None
+        episodes = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, system, mask_cfg=mask_cfg)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:
         typer.echo(f"ERROR {e}", err=True)
         raise typer.Exit(1)
@@ -218,6 +220,8 @@ def ask(
             continue
         c = ep.cost
         rounds = f", {ep.meta['rounds']} round(s), {ep.meta['stop_reason']}" if "rounds" in ep.meta else ""
+        if "turns" in ep.meta:
+            rounds = f", {ep.meta['turns']} turn(s), {ep.meta['stop_reason']}"
         typer.echo(f"Q: {ep.question}\nA: {ep.final_answer}\n   {system}{rounds}; {int(c['llm_calls'])} LLM calls, "
                    f"{int(c['prompt_tokens'] + c['completion_tokens'])} tokens, {int(c['retrieval_calls'])} "
                    f"retrievals, {c['seconds']:.1f} s")

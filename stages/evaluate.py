@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ragteam.agents.mask_workflow import MaskConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
@@ -41,7 +42,7 @@ def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[d
 
 def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
         results: Path = RESULTS, report: Path = REPORT, figures: Path = FIGURES, retriever=None,
-        engines: EnginePool | None = None) -> dict:
+        engines: EnginePool | None = None, mask_cfg: MaskConfig | None = None) -> dict:
     """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject)."""
     t0 = time.perf_counter()
     qa = load_benchmarks(ev, benchmarks)
@@ -58,7 +59,7 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, ev: EvalConfig, *, benchmarks: Pat
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
             team = make_team(engines, spec, ev.agents, llm.model, llm.sampling)
-            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name)
+            eps = run_system(spec, rows, team, retriever, maps_cfg, ev.baselines, name, mask_cfg=mask_cfg)
             per = {}
             for b in qa:
                 mine = [e for e, r in zip(eps, rows) if r["_benchmark"] == b]
@@ -93,7 +94,8 @@ def main() -> None:
         llm = parse_section(params, "llm", LLMConfig)
         maps_cfg = parse_section(params, "maps", MapsConfig)
         ev = parse_section(params, "eval", EvalConfig)
-        metrics = run(llm, maps_cfg, ev)
+        mask_cfg = parse_section(params, "mask", MaskConfig)
+        metrics = run(llm, maps_cfg, ev, mask_cfg=mask_cfg)
     except (ParamsError, DataError) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)

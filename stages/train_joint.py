@@ -82,7 +82,12 @@ def run(system_name: str, params: dict) -> dict:
     print(f"{stage}: {ppo.steps} PPO steps x {ppo.questions_per_step} questions of {len(rows)}, critic {ppo.critic}, "
           f"LoRA {ppo.lora.enabled}, rollouts {ppo.rollout_backend} on {llm.backend}/{llm.device}", flush=True)
     result = train_joint_ppo(system, rows, llm.model, CHECKPOINTS / stage, ppo, llm, dict(llm.sampling),
-                             run_tag={"retriever": jp.retriever, "max_questions": sp.max_questions})
+                             run_tag={"retriever": jp.retriever, "max_questions": sp.max_questions},
+                             on_step=lambda step, e: print(
+                                 f"{stage}: step {step}/{ppo.steps} reward {e['reward']:.3f} episode F1 "
+                                 f"{e['episode_f1']:.3f} value loss {e.get('value_loss', 0):.4f} format errors "
+                                 f"{e['format_error_rate']:.2f} ({e['step_time']:.1f} s, rollout "
+                                 f"{e['rollout_seconds']:.1f} s)", flush=True))
     curve = [dict(h) for h in result.log_history]
     total = train_seconds([{"step_seconds": h.get("step_time")} for h in curve], result.seconds)
     result.extra["train_seconds"] = total

@@ -39,7 +39,8 @@ def test_prompts_keep_the_papers_wording_and_typos():
 
 
 def test_parse_plan():
-    p = M.parse_plan("<q1>Who founded X?</q1>\n<a1>Bob</a1>\n<q2>Where?</q2>\n<predicted_answer> Paris </predicted_answer>")
+    p = M.parse_plan("<q1>Who founded X?</q1>\n<a1>Bob</a1>\n<q2>Where?</q2>\n"
+                     "<predicted_answer> Paris </predicted_answer>")
     assert p == {"steps": [["Who founded X?", "Bob"], ["Where?", M.UNKNOWN]], "predicted_answer": "Paris"}
     assert M.parse_plan("<predicted_answer>yes</predicted_answer>") == {"steps": [], "predicted_answer": "yes"}
     many = "".join(f"<q{i}>s{i}?</q{i}><a{i}>x</a{i}>" for i in range(1, 9)) + "<predicted_answer>z</predicted_answer>"
@@ -166,7 +167,7 @@ def test_workflow_training_mode_branches_and_batching():
     # c: every output malformed -> documented fallbacks, the rollout completes and every error is recorded
     assert all(x.format_error for x in c.calls) and len(c.calls) == 1 + 4 * 2
     assert c.calls[0].meta["fallback"]["trajectory"] == [[c.question, M.UNKNOWN]]
-    assert c.calls[1].meta["query"] == "garbled: I am not sure what to do here"          # search fallback: its first line
+    assert c.calls[1].meta["query"] == "garbled: I am not sure what to do here"   # search fallback: its first line
     assert c.calls[2].meta["fallback"] == M.NO_USEFUL_INFORMATION
     assert c.calls[3].meta["fallback"] == {"kind": "add", "index": 2}
     assert len(c.meta["knowledge"]["thinking_trajectory"]) == 3 and c.meta["format_errors"] == 9
@@ -226,3 +227,23 @@ def test_annotate_refuses_inference_episodes():
     eps[0].golden_answers = []
     with pytest.raises(ValueError, match="no golden answers"):
         annotate_mask_episode(eps[0], 1.0)
+
+
+# ---- evaluation: the mask systems -------------------------------------------------------------------------------
+
+def test_mask_systems_in_evaluation():
+    from ragteam.agents.baselines import BaselineConfig
+    from ragteam.agents.maps_workflow import MapsConfig
+    from ragteam.eval.evaluate import SystemSpec, role_models, run_system, summarize
+    from ragteam.eval.report import report_markdown
+
+    trained = SystemSpec(workflow="mask", agent_model="models/agents/mask")
+    assert role_models(trained, {"answer_agent": "models/agents/answer"}) == {r: "models/agents/mask" for r in M.ROLES}
+    assert role_models(SystemSpec(workflow="mask"), {"answer_agent": "x"}) == {}
+    eps = run_system(SystemSpec(workflow="mask"), ROWS, Team(ScriptedEngine(reply)), KeywordRetriever(PASSAGES),
+                     MapsConfig(), BaselineConfig(), "mask", mask_cfg=MaskConfig(max_turns=3, top_k=2))
+    assert [e.metrics["em"] for e in eps] == [1.0, 1.0, 0.0]
+    s = summarize(eps)
+    assert s["turns"] == s["retrieval_calls"] == round((2 + 0 + 3) / 3, 3)
+    md = report_markdown({"mask": {"synthetic": s, "avg": s}}, ["synthetic"], {})
+    assert "| mask | 1.67 | 1.67 |" in md

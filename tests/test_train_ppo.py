@@ -131,7 +131,7 @@ def test_unknown_joint_key_is_an_error_naming_it():
         load_joint(params, "jade")
 
 
-PPO = {"steps": 2, "questions_per_step": 1, "minibatch_size": 4, "micro_batch_size": 4, "actor_lr": 1e-3,
+PPO = {"steps": 2, "questions_per_step": 1, "minibatch_size": 8, "micro_batch_size": 4, "actor_lr": 1e-3,
        "critic_lr": 1e-3, "save_steps": 1, "temperature": 1.0,
        "lora": {"enabled": True, "rank": 8, "alpha": 16, "top_layers": 2}}
 
@@ -170,3 +170,70 @@ def test_one_ppo_update_on_smollm2_follows_the_advantages(smollm2_dir):
     assert float(after[0].sum()) > float(before[0].sum()) + 1e-3      # positive advantage: more likely
     assert float(after[1].sum()) < float(before[1].sum()) - 1e-3      # negative advantage: less likely
     assert stats["clip_frac"] == [0.0]                                # on-policy first step: ratio 1
+
+
+# ---- the loop on SmolLM2: a killed run resumes; a NaN loss stops with the last good checkpoint kept --------------
+
+def _tiny_system(nan_at_step: int | None = None):
+    from helpers_agents import KeywordRetriever
+
+    from ragteam.train.systems import mask_system
+
+    retr = KeywordRetriever([("Xland", "Xville is the capital of Xland."), ("Yland", "Yville is in Yland.")])
+    params = {"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8, "format_penalty": 1.0}}
+    system = mask_system(params, retr)
+    if nan_at_step is None:
+        return system
+    seen = {"n": 0}
+
+    def annotate(eps):
+        seen["n"] += 1
+        eps = system.annotate(eps)
+        if seen["n"] == nan_at_step:
+            eps[0].calls[0].reward = float("nan")
+        return eps
+
+    from dataclasses import replace
+
+    return replace(system, annotate=annotate)
+
+
+ROWS = [{"id": "q1", "question": "What is the capital of Xland?", "golden_answers": ["Xville"]},
+        {"id": "q2", "question": "Which country is Yville in?", "golden_answers": ["Yland"]}]
+
+
+def _train(tmp_path, smollm2_dir, system, on_step=None):
+    from ragteam.llm import EngineConfig, SamplingConfig
+    from ragteam.train.ppo import PPOParams, train_joint_ppo
+
+    p = PPOParams(**PPO)
+    sampling = {"default": SamplingConfig(max_new_tokens=6)}
+    return train_joint_ppo(system, ROWS, str(smollm2_dir), tmp_path / "ckpt", p,
+                           EngineConfig(device="cpu", threads=1, batch_size=4), sampling, on_step=on_step)
+
+
+def test_nan_loss_stops_keeping_the_last_good_checkpoint_and_a_rerun_resumes(tmp_path, smollm2_dir):
+    from ragteam.train.ppo import TrainingDiverged
+
+    # a NaN reward at step 2 makes the loss non-finite: training stops, checkpoint-1 stays (like a killed run)
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 2.*checkpoint-1"):
+        _train(tmp_path, smollm2_dir, _tiny_system(nan_at_step=2))
+    assert (tmp_path / "ckpt" / "checkpoint-1" / "state.pt").exists()
+    assert not (tmp_path / "ckpt" / "checkpoint-2").exists()
+    first = json_load(tmp_path / "ckpt" / "checkpoint-1" / "trainer_state.json")["log_history"][0]
+    # the rerun resumes from checkpoint-1 and runs only step 2
+    res = _train(tmp_path, smollm2_dir, _tiny_system())
+    assert res.resumed_from == 1 and res.global_step == 2 and len(res.log_history) == 2
+    assert res.log_history[0] == first
+    e = res.log_history[1]
+    for key in ("reward", "episode_f1", "value_loss", "policy_loss", "explained_variance", "clip_frac",
+                "response_tokens", "format_error_rate", "reward/mask_planning", "reward/mask_answer"):
+        assert key in e, key
+    assert e["calls_per_episode"] >= 3                      # Planning, Search, ..., Answer
+    assert (tmp_path / "ckpt" / "checkpoint-2" / "trainer_state.json").exists()
+
+
+def json_load(path):
+    import json
+
+    return json.loads(path.read_text())

@@ -13,6 +13,8 @@ from pydantic import Field
 
 from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import run_debate
+from ragteam.agents.mask import ROLES as MASK_ROLES
+from ragteam.agents.mask_workflow import MaskConfig, run_mask
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.config import Strict
 from ragteam.eval.metrics import answer_metrics
@@ -20,11 +22,11 @@ from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps"]
+Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "mask"]
 MapsRole = Literal["query_agent", "judge_agent", "answer_agent"]
 ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (GENERATOR,),
          "drag": ("proponent", "opponent", "moderator", "answer_agent"),
-         "maps": ("query_agent", "judge_agent", "answer_agent")}
+         "maps": ("query_agent", "judge_agent", "answer_agent"), "mask": MASK_ROLES}
 SCORE_KEYS = ("em", "f1", "acc")
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
 
@@ -36,6 +38,7 @@ class SystemSpec(Strict):
     trained_agents: bool = False              # maps: roles listed in eval.agents use those checkpoints
     base_roles: list[MapsRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
+    agent_model: str | None = None            # every role of the system on this checkpoint (a joint-trained policy)
 
 
 class EvalConfig(Strict):
@@ -51,6 +54,8 @@ class EvalConfig(Strict):
 
 def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
     """role -> checkpoint for the roles that do not use the base model."""
+    if spec.agent_model is not None:
+        return {role: spec.agent_model for role in ROLES[spec.workflow]}
     if not spec.trained_agents:
         return {}
     return {role: path for role, path in agents.items() if role not in spec.base_roles}
@@ -62,7 +67,7 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
 
 
 def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None, maps_cfg: MapsConfig,
-               baselines: BaselineConfig, name: str) -> list[Episode]:
+               baselines: BaselineConfig, name: str, mask_cfg: MaskConfig | None = None) -> list[Episode]:
     """Run one system's workflow on `rows` (all questions batched together) and score the Episodes."""
     if spec.workflow != "native" and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
@@ -74,6 +79,8 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         eps = run_iter_retgen(rows, team, retriever, baselines, system=name)
     elif spec.workflow == "drag":
         eps = run_debate(rows, team, retriever, maps_cfg.debate, answer=True, system=name)
+    elif spec.workflow == "mask":
+        eps = run_mask(rows, team, retriever, mask_cfg or MaskConfig(), system=name)
     else:
         cfg = maps_cfg if spec.fixed_rounds is None else maps_cfg.model_copy(update={"fixed_rounds": spec.fixed_rounds})
         eps = run_maps(rows, team, retriever, cfg, system=name)
@@ -104,6 +111,8 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
         out[k] = round(_mean(vals), 3)
     calls = [c for ep in episodes for c in ep.calls]
     out["format_error_rate"] = round(_mean([c.format_error is not None for c in calls]), 4)
+    if any("turns" in ep.meta for ep in episodes):  # search turns per question (M-ASK's efficiency figure)
+        out["turns"] = round(_mean([float(ep.meta.get("turns", 0)) for ep in episodes]), 3)
     return out
 
 

@@ -44,6 +44,18 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
     return "\n".join(lines)
 
 
+def efficiency_markdown(metrics: Mapping) -> list[str]:
+    """Search turns and searches per question for the systems that count turns (M-ASK's efficiency figures)."""
+    rows = [(name, per["avg"]) for name, per in metrics.items() if "turns" in per.get("avg", {})]
+    if not rows:
+        return []
+    lines = ["Search turns and searches per question (means over all benchmarks):", "",
+             "| system | turns/q | searches/q | LLM calls/q | tokens/q |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {_num(a['turns'])} | {_num(a['retrieval_calls'])} | {_num(a['llm_calls'], 1)} | "
+              f"{_num(a['tokens'], 0)} |" for name, a in rows]
+    return lines + [""]
+
+
 def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mapping[str, object],
                     plots: Sequence[str] = ()) -> str:
     """The whole reports/eval.md: the table, how it was made, and the plots (paths relative to the report)."""
@@ -55,6 +67,7 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
              "calls, wall seconds.", "",
              table_markdown(metrics, benchmarks), "",
              "Questions per benchmark: " + ", ".join(f"{display(b)} {n[b]}" for b in benchmarks) + ".", ""]
+    parts += efficiency_markdown(metrics)
     if context:
         parts += ["| setting | value |", "|---|---|"]
         parts += [f"| {k} | {v} |" for k, v in context.items()]

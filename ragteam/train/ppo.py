@@ -338,12 +338,23 @@ def _questions(rows: Sequence[dict], step: int, n: int, seed: int) -> list[dict]
     return [rows[order[(pos + k) % len(order)]] for k in range(n)]
 
 
+def single_pass(p: PPOParams, n_samples: int) -> bool:
+    """One forward pass per step suffices when the update is a single on-policy optimiser step: one PPO epoch, one
+    minibatch holding every sample, no reference model."""
+    return p.ppo_epochs == 1 and p.minibatch_size >= n_samples and p.kl_coef == 0
+
+
 def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int, device: str, step: int = 0, *,
                ref_available: bool = False, backward: Callable | None = None, clip: Callable | None = None,
-               ckpt_dir: Path | None = None, name: str = "joint") -> dict[str, list[float]]:
+               ckpt_dir: Path | None = None, name: str = "joint", first_pass: list | None = None
+               ) -> dict[str, list[float]]:
     """`ppo_epochs` passes over role-mixed minibatches of `minibatch_size` samples (accumulated over micro-batches),
     one optimiser step per minibatch: clipped policy loss + vf_coef · value loss (+ kl_coef · KL to the reference).
-    The samples carry old log-probs, values, advantages and returns. Returns the per-micro-batch statistics."""
+    The samples carry old log-probs, values, advantages and returns. Returns the per-micro-batch statistics.
+
+    `first_pass` (the on-policy single pass, see `single_pass`): the (log-probs, values) of every micro-batch in
+    sample order, computed with gradients when the old log-probs were taken; they are used instead of a second
+    forward pass. Same update: before the first optimiser step π_θ = π_old, so ratio = 1 and nothing is clipped."""
     import torch
 
     from ragteam.train.pg import kl_k3, policy_loss, value_loss
@@ -356,7 +367,8 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
     trainable = [t for t in model.parameters() if t.requires_grad]
     for _epoch in range(p.ppo_epochs):
         order = list(range(len(samples)))
-        rng.shuffle(order)
+        if first_pass is None:
+            rng.shuffle(order)
         for m0 in range(0, len(order), p.minibatch_size):
             mb = [samples[i] for i in order[m0:m0 + p.minibatch_size]]
             n_tok = sum(len(s.response_ids) for s in mb)
@@ -365,7 +377,7 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                 micro = mb[u0:u0 + p.micro_batch_size]
                 batch = _collate(micro, pad_id, device)
                 mask, rlen = batch[4], batch[4].shape[1]
-                logp, v = model(*batch[:4], p.temperature)
+                logp, v = first_pass[u0 // p.micro_batch_size] if first_pass else model(*batch[:4], p.temperature)
                 old_logp = _stack([s.old_logp for s in micro], rlen, device)
                 adv = _stack([s.advantages for s in micro], rlen, device)
                 ret = _stack([s.returns for s in micro], rlen, device)
@@ -382,7 +394,8 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                 if not torch.isfinite(loss):
                     last = checkpoint_steps(ckpt_dir) if ckpt_dir is not None else []
                     raise TrainingDiverged(
-                        f"{name}: non-finite loss at step {step + 1} (policy {float(pl.detach())}, value {float(vl.detach())}); "
+                        f"{name}: non-finite loss at step {step + 1} (policy {float(pl.detach())}, value "
+                        f"{float(vl.detach())}); "
                         f"training stopped, the last good checkpoint "
                         f"{'checkpoint-' + str(last[-1]) if last else '(none yet)'} in {ckpt_dir} is kept")
                 weight = (sum(len(s.response_ids) for s in micro) / n_tok if p.loss_agg == "token_mean"
@@ -429,8 +442,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     if engine_cfg.threads:
         torch.set_num_threads(engine_cfg.threads)
     device = str(accel.device)
-    dtype = torch.float32 if engine_cfg.dtype in ("auto", "float32") or device == "cpu" else getattr(torch,
-                                                                                                        engine_cfg.dtype)
+    cpu_or_default = engine_cfg.dtype in ("auto", "float32") or device == "cpu"
+    dtype = torch.float32 if cpu_or_default else getattr(torch, engine_cfg.dtype)
     tok = AutoTokenizer.from_pretrained(model_path)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ac = _build_actor_critic(model_path, p, device, dtype)
@@ -473,16 +486,23 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         t_rollout = time.perf_counter() - t0
         # 3. samples
         samples = episode_samples(tok, episodes)
-        # 4. old log-probs, values (and reference log-probs), no grad
-        with torch.no_grad():
+        # 4. old log-probs, values (and reference log-probs). With one PPO epoch over one minibatch the update is
+        #    on-policy: this pass keeps its gradients and the update reuses it (one forward pass instead of two)
+        single = single_pass(p, len(samples))
+        first_pass = [] if single else None
+        ac.train(single)
+        with torch.set_grad_enabled(single):
             for i in range(0, len(samples), p.micro_batch_size):
                 chunk = samples[i:i + p.micro_batch_size]
                 batch = _collate(chunk, pad_id, device)
-                logp, v = ac(*batch[:4], p.temperature)
-                rl = ref_logp(batch) if p.kl_coef > 0 else None
+                logp, v = (ac_wrapped if single else ac)(*batch[:4], p.temperature)
+                if single:
+                    first_pass.append((logp, v))
+                with torch.no_grad():
+                    rl = ref_logp(batch) if p.kl_coef > 0 else None
                 for b, s in enumerate(chunk):
                     n = len(s.response_ids)
-                    s.old_logp, s.values = logp[b, :n].cpu(), v[b, :n].cpu()
+                    s.old_logp, s.values = logp[b, :n].detach().cpu(), v[b, :n].detach().cpu()
                     s.ref_logp = rl[b, :n].cpu() if rl is not None else None
         # 5. GAE over each episode's flattened calls (in call order), then whitening over the batch
         by_ep: dict[int, list[Sample]] = defaultdict(list)
@@ -501,7 +521,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                 pos += len(s.response_ids)
         # 6. PPO epochs over role-mixed minibatches
         stats = ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
-                           backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name)
+                           backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
+                           first_pass=first_pass)
         sched.step()
         step += 1
         # 7. log and checkpoint
