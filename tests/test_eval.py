@@ -212,7 +212,7 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
 
 def test_dvc_stage_declares_what_the_stage_reads_and_writes():
     st = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["evaluate"]
-    assert st["cmd"] == "python -m stages.evaluate" and set(st["params"]) == {"llm", "maps", "eval"}
+    assert st["cmd"] == "python -m stages.evaluate" and set(st["params"]) == {"llm", "maps", "mask", "eval"}
     deps = set(st["deps"])
     assert {"stages/evaluate.py", "ragteam/agents", "ragteam/llm", "ragteam/eval", "models/llm"} <= deps
     assert "${eval.retriever}" in deps and any(str(stage.BENCHMARKS).startswith(d) for d in deps)

@@ -247,3 +247,28 @@ def test_mask_systems_in_evaluation():
     assert s["turns"] == s["retrieval_calls"] == round((2 + 0 + 3) / 3, 3)
     md = report_markdown({"mask": {"synthetic": s, "avg": s}}, ["synthetic"], {})
     assert "| mask | 1.67 | 1.67 |" in md
+
+
+def test_cli_ask_system_mask_shows_the_whole_trace(monkeypatch):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import ragteam.llm.hf
+    import ragteam.retrieval
+    from ragteam.cli import app
+
+    class Fake(ScriptedEngine):
+        def __init__(self, path, cfg):
+            super().__init__(reply)
+
+    monkeypatch.setattr(ragteam.llm.hf, "HFEngine", Fake)
+    monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: KeywordRetriever(PASSAGES))
+    params = Path(__file__).resolve().parents[1] / "params.yaml"
+    res = CliRunner().invoke(app, ["ask", "What is the capital of Xland?", "--system", "mask", "--calls",
+                                   "--params", str(params), "--index", "idx"])
+    assert res.exit_code == 0, res.output
+    assert "A: Xville" in res.output and "2 turn(s), max_turns" in res.output and "2 retrievals" in res.output
+    for role in M.ROLES:
+        assert f"[{role}]" in res.output
+    assert "[mask_update] '<Update>t1</Update>' -> {'kind': 'update', 'index': 1}" in res.output
