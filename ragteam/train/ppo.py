@@ -436,7 +436,11 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                      data=[[r["id"], r["question"], r["golden_answers"]] for r in rows], tag=run_tag or {},
                      workflow=system.describe, sampling={k: v.model_dump() for k, v in (sampling or {}).items()})
     accel = Accelerator(cpu=engine_cfg.device == "cpu")
-    resume = prepare_resume(ckpt_dir, fp) if accel.is_main_process else None
+    if accel.is_main_process:      # stale checkpoints (another fingerprint) are wiped once, then every process resumes
+        prepare_resume(ckpt_dir, fp)
+    accel.wait_for_everyone()
+    done = checkpoint_steps(ckpt_dir)
+    resume = str(ckpt_dir / f"checkpoint-{done[-1]}") if done else None
     torch.manual_seed(p.seed)
     random.seed(p.seed)
     if engine_cfg.threads:
