@@ -287,6 +287,8 @@ def ask(
             continue
         c = ep.cost
         rounds = f", {ep.meta['rounds']} round(s), {ep.meta['stop_reason']}" if "rounds" in ep.meta else ""
+        if "turns" in ep.meta.get("workflow", {}):
+            rounds = f", {ep.meta['workflow']['turns']} turn(s), {ep.meta['stop_reason']}"
         typer.echo(f"Q: {ep.question}\nA: {ep.final_answer}\n   {system}{rounds}; {int(c['llm_calls'])} LLM calls, "
                    f"{int(c['prompt_tokens'] + c['completion_tokens'])} tokens, {int(c['retrieval_calls'])} "
                    f"retrievals, {c['seconds']:.1f} s")

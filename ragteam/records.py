@@ -25,6 +25,7 @@ class AgentCall(BaseModel):
     format_error: str | None = None            # why the response could not be parsed
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    finish_reason: str | None = None           # "stop" (EOS / stop string) | "length" (cut at max_new_tokens)
     reward: float | None = None                # turn-level reward, set by a reward function
     episode_id: str = ""
     group_id: str | None = None                # GRPO group (same prompt, several samples)

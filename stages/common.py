@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from ragteam.config import ParamsError, Strict, load_params
 from ragteam.io import DataError, read_jsonl, write_json
 from ragteam.train.checkpoints import TrainResult, save_agent
-from ragteam.train.curves import is_wall_clock, summarize, write_curves
+from ragteam.train.curves import Panel, is_wall_clock, summarize, write_curves
 from ragteam.train.grpo import GRPOParams
 from ragteam.train.maps import AnswerAgentParams
 from ragteam.train.model_card import model_card
@@ -109,8 +109,9 @@ def train_seconds(curve: Sequence[dict], fallback: float) -> float:
 def finish_agent(result: TrainResult, curve: Sequence[dict], *, stage: str, agent: str, base_model: str,
                  backend: str, data: Mapping[str, str | Path], params: Mapping[str, Any], reward: str,
                  extra_metrics: Mapping[str, Any] | None = None, session_metrics: Mapping[str, Any] | None = None,
-                 notes: str = "", title: str = "") -> dict:
-    """Save the agent (safetensors + tokenizer + model card) and its curves; return the stage's metrics.
+                 notes: str = "", title: str = "", panels: Sequence[Panel] | None = None) -> dict:
+    """Save the agent (safetensors + tokenizer + model card) and its curves (`panels`: the PNG's layout); return the
+    stage's metrics.
 
     The card holds what describes the weights (training metrics from the logged history, `extra_metrics`);
     wall time (`seconds`, `*_seconds`), `session_metrics` and the resume point describe a run and go to the
@@ -118,7 +119,8 @@ def finish_agent(result: TrainResult, curve: Sequence[dict], *, stage: str, agen
     """
     total = train_seconds(curve, result.seconds)
     metrics = {**summarize(curve, total, result.global_step), **(extra_metrics or {})}
-    write_curves(curve, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png", title=title or stage)
+    write_curves(curve, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png", title=title or stage,
+                 panels=panels)
     card = model_card(agent=agent, base_model=base_model, backend=backend, data=data, params=params, reward=reward,
                       metrics={k: v for k, v in metrics.items() if not is_wall_clock(k)}, notes=notes)
     save_agent(result, AGENTS / agent, card)

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 
 from ragteam.agents import baselines, decor, jade, maps, qagent
+from ragteam.agents import mask as mask_agents
 from ragteam.llm import Completion, Messages, SamplingConfig, find_stop
 from ragteam.rewards import decor as decor_rewards
 from ragteam.retrieval.base import Hit
@@ -26,6 +27,9 @@ _ROLE_BY_SYSTEM = [
     (decor.ANSWERER_PROMPT[:40], "decor_answerer"), (decor.SUMMARIZER_PROMPT[:40], "decor_summarizer"),
     *((p[:60], "decor_judge") for p in (decor_rewards.JUDGE_ANSWER_PROMPT, decor_rewards.JUDGE_PLANNER_PROMPT,
                                          decor_rewards.JUDGE_FILTER_PROMPT, decor_rewards.JUDGE_ANSWERER_PROMPT)),
+    *[(system[:40], role) for system, role in zip(
+        (mask_agents.PLANNING_SYSTEM, mask_agents.SEARCH_SYSTEM, mask_agents.SUMMARY_SYSTEM,
+         mask_agents.UPDATE_SYSTEM, mask_agents.ANSWER_SYSTEM), mask_agents.ROLES)],
 ]
 
 

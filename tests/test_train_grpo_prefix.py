@@ -116,7 +116,7 @@ def test_bookkeeping_params_resume_and_model_params_restart(tiny, tmp_path):
     path, _ = tiny
     params = GRPOParams(steps=2, prompts_per_step=2, num_generations=4, micro_batch_size=8, lr=1e-3,
                         max_completion_length=4, save_steps=1, save_total_limit=2, trainer="shared_prefix")
-    reward = answer_reward_func("stage1", alpha=0.5, max_words=2)
+    reward = answer_reward_func(AnswerReward("stage1", 0.5, 2))
     first = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), params, reward)
     assert first.resumed_from is None and checkpoint_steps(tmp_path / "ck") == [1, 2]
     state = torch.load(tmp_path / "ck" / "checkpoint-2" / "state.pt", weights_only=True)

@@ -128,7 +128,8 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
         err = parsed.reason if isinstance(parsed, FormatError) else None
         call = AgentCall(role=role, prompt=list(msgs), response=text, parsed=None if err else parsed,
                          format_error=err, prompt_tokens=out.prompt_tokens,
-                         completion_tokens=out.completion_tokens, meta=call_meta)
+                         completion_tokens=out.completion_tokens, finish_reason=out.finish_reason,
+                         meta=call_meta)
         ep.add_call(call)
         ep.cost["seconds"] += share
         calls.append(call)

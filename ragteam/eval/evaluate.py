@@ -20,6 +20,8 @@ from ragteam.agents.debate import run_debate
 from ragteam.agents.decor_workflow import DecorConfig, run_decor
 from ragteam.agents.ircot import ROLE as REASONER, run_ircot
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
+from ragteam.agents.mask import ROLES as MASK_ROLES
+from ragteam.agents.mask_workflow import MaskConfig, run_mask
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.agents.qagent_workflow import GENERATOR_ROLE as QAGENT_GENERATOR, QAgentConfig, run_qagent
 from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
@@ -34,7 +36,7 @@ from ragteam.rewards.decor import Judge, make_judge, score_lj
 from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
 
 Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "decor", "qagent", "qagent_plugin",
-                   "ircot", "sure"]
+                   "ircot", "sure", "mask"]
 # roles with trained checkpoints (eval.agents)
 AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent", "decor_planner", "decor_filter",
                     "decor_answerer"]
@@ -44,7 +46,7 @@ ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (G
          "jade": jade_agents.ROLES,
          "decor": (*decor.POLICY_ROLES, decor.SUMMARIZER),
          "qagent": ("qagent",), "qagent_plugin": ("qagent", QAGENT_GENERATOR),
-         "ircot": (REASONER,), "sure": SURE_ROLES}
+         "ircot": (REASONER,), "sure": SURE_ROLES, "mask": MASK_ROLES}
 SCORE_KEYS = ("em", "f1", "acc")
 OPTIONAL_SCORE_KEYS = ("lj",)  # summarised only where every episode has it
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
@@ -114,6 +116,7 @@ class WorkflowConfigs(Strict):
 
     maps: MapsConfig = MapsConfig()
     baselines: BaselineConfig = BaselineConfig()
+    mask: MaskConfig = MaskConfig()
     jade: JadeConfig = JadeConfig()
     decor: DecorConfig = DecorConfig()
     qagent: QAgentConfig = QAgentConfig()
@@ -148,6 +151,8 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         eps = run_ircot(rows, team, retriever, cfgs.baselines.ircot, system=name)
     elif spec.workflow == "sure":
         eps = run_sure(rows, team, retriever, cfgs.baselines.sure, system=name)
+    elif spec.workflow == "mask":
+        eps = run_mask(rows, team, retriever, cfgs.mask, system=name)
     elif spec.workflow == "jade":
         eps = run_jade(rows, team, retriever, cfgs.jade, system=name)
     elif spec.workflow == "decor":
@@ -201,7 +206,7 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     calls = [c for ep in episodes for c in ep.calls]
     out["format_error_rate"] = round(_mean([c.format_error is not None for c in calls]), 4)
     # per-question workflow figures a system records in meta["workflow"] (JADE: rounds, retrievals, DS calls, plans,
-    # decompositions, R_global), averaged where every episode has them; other systems just lack these keys
+    # decompositions, R_global; M-ASK: turns, searches), averaged where every episode has them; others lack them
     shared = set.intersection(*(set(ep.meta.get("workflow", {})) for ep in episodes)) if episodes else set()
     for k in sorted(shared):
         out[k] = round(_mean([float(ep.meta["workflow"][k]) for ep in episodes]), 4)

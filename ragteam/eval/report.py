@@ -118,6 +118,18 @@ def differences_rule(resamples: int, seed: int, level: float) -> str:
             f"not corrected for multiple comparisons.")
 
 
+def efficiency_markdown(metrics: Mapping) -> list[str]:
+    """Search turns and searches per question for the systems that count turns (M-ASK's efficiency figures)."""
+    rows = [(name, per["avg"]) for name, per in metrics.items() if "turns" in per.get("avg", {})]
+    if not rows:
+        return []
+    lines = ["Search turns and searches per question (means over all benchmarks):", "",
+             "| system | turns/q | searches/q | LLM calls/q | tokens/q |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {_num(a['turns'])} | {_num(a['retrieval_calls'])} | {_num(a['llm_calls'], 1)} | "
+              f"{_num(a['tokens'], 0)} |" for name, a in rows]
+    return lines + [""]
+
+
 def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mapping[str, object],
                     plots: Sequence[str] = (), differences: Mapping | None = None,
                     bootstrap: Mapping | None = None) -> str:
@@ -143,6 +155,7 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
     if workflow_table(metrics):
         parts += ["Workflow figures (JADE App. D), means per question over all benchmarks:", "",
                   workflow_table(metrics), ""]
+    parts += efficiency_markdown(metrics)
     if context:
         parts += ["| setting | value |", "|---|---|"]
         parts += [f"| {k} | {v} |" for k, v in context.items()]

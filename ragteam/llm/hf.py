@@ -31,7 +31,8 @@ def _device(name: str) -> str:
 
 
 class HFEngine:
-    def __init__(self, model_path: str, cfg: EngineConfig):
+    def __init__(self, model_path: str, cfg: EngineConfig, model=None, tokenizer=None):
+        """Load `model_path`, or (a trainer's rollouts) generate with the given in-memory `model` / `tokenizer`."""
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.model_path, self.batch_size, self.seed = str(model_path), cfg.batch_size, cfg.seed
@@ -40,11 +41,12 @@ class HFEngine:
         self.prefix_cache_tokens = cfg.prefix_cache_tokens if self.prefill_alone else 0
         self._prefix_cache: OrderedDict[int, tuple[np.ndarray, list]] = OrderedDict()
         dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(self.model_path)
         self.tokenizer.padding_side = "left"  # decoder-only: new tokens must follow the prompt directly
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+        self.model = (model if model is not None else
+                      AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval())
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)

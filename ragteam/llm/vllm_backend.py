@@ -31,7 +31,8 @@ def sampling_kwargs(s: SamplingConfig) -> dict:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, cfg: EngineConfig):
+    def __init__(self, model_path: str, cfg: EngineConfig, max_lora_rank: int | None = None):
+        """`max_lora_rank` (a trainer's rollouts): enable LoRA adapters; `load_lora` then swaps the policy in."""
         try:
             import vllm
         except ImportError as e:  # the orchestrator env has no vllm
@@ -39,7 +40,19 @@ class VLLMEngine:
                                "use llm.backend=hf or run this stage on the GPU pool") from e
         self._vllm = vllm
         self.model_path = str(model_path)
-        self.llm = vllm.LLM(**llm_kwargs(model_path, cfg))
+        kw = llm_kwargs(model_path, cfg)
+        if max_lora_rank:
+            kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+        self.llm = vllm.LLM(**kw)
+        self._lora, self._lora_id = None, 0
+
+    def load_lora(self, adapter_dir: str) -> None:
+        """Generate with the LoRA adapter saved in `adapter_dir` from now on (a new id each time, so vLLM reloads
+        it instead of serving its cached copy of the previous step's adapter)."""
+        from vllm.lora.request import LoRARequest
+
+        self._lora_id += 1
+        self._lora = LoRARequest(f"policy-{self._lora_id}", self._lora_id, str(adapter_dir))
 
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         """Prompts ending in an assistant message are continued inside that turn (`continue_final_message`, as
@@ -53,6 +66,8 @@ class VLLMEngine:
                 continue
             kw = dict(add_generation_prompt=False, continue_final_message=True) if cont else \
                 dict(add_generation_prompt=True)
+            if self._lora is not None:
+                kw["lora_request"] = self._lora
             outs = self.llm.chat([prompts[i] for i in idx], sampling_params=params, use_tqdm=False, **kw)
             for i, r in zip(idx, outs):
                 out[i] = [_completion(o, len(r.prompt_token_ids)) for o in r.outputs]

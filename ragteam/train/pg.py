@@ -1,0 +1,102 @@
+"""The one policy-gradient core of the joint trainers: token-level clipped policy loss, KL to a reference, clipped
+value loss. Tensors in, scalars out; every function takes a `mask` (1 on the tokens that count, 0 elsewhere).
+
+What differs between systems is the advantage (`ragteam.train.advantages`) and a few switches here:
+- M-ASK / JADE (PPO): per-token GAE advantages, `ratio_level="token"`, eps_low = eps_high, value loss with clipping;
+- DECOR: per-role group-normalised advantages broadcast to tokens, `ratio_level="sequence"`, clip-higher
+  (eps_high > eps_low);
+- QAgent: group-normalised advantages with injected retrieval tokens masked out (mask 0).
+
+    ratio_t   = exp(log π_θ(u_t|o_t) - log π_old(u_t|o_t))          token level, or per sequence:
+    ratio_seq = exp(mean_t over the sequence's tokens of the same log-ratio)   (sequence level, length-normalised)
+    L_pg      = mean over tokens of max(-A_t·ratio, -A_t·clip(ratio, 1-eps_low, 1+eps_high))
+    KL (k3)   = exp(ref - logp) - (ref - logp) - 1                  (Schulman's unbiased, non-negative estimator)
+    L_v       = mean over tokens of 0.5·max((V-R)², (V_old + clip(V-V_old, -c, c) - R)²)
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+RatioLevel = Literal["token", "sequence"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean"]
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries (advantage whitening over a batch, as verl's GAE does)."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation = "token_mean") -> torch.Tensor:
+    """token_mean: every token of the batch weighs the same; seq_mean_token_mean: the mean over each sequence's
+    tokens, then over sequences (each sample weighs the same)."""
+    if how == "token_mean":
+        return masked_mean(per_token, mask)
+    per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    has = (mask.sum(-1) > 0).float()
+    return (per_seq * has).sum() / has.sum().clamp(min=1)
+
+
+def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+              level: RatioLevel = "token") -> torch.Tensor:
+    """Per-token log π_θ/π_old, or (sequence level) each sequence's mean log-ratio broadcast to its tokens."""
+    lr = (logp - old_logp) * mask
+    if level == "token":
+        return lr
+    seq = lr.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    return seq.expand_as(lr) * mask
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                eps_low: float = 0.2, eps_high: float | None = None, ratio_level: RatioLevel = "token",
+                agg: Aggregation = "token_mean") -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate (PPO Eq. 7, M-ASK Eq. 4) as a loss to minimise; stats: clip fraction, approx. KL."""
+    eps_high = eps_low if eps_high is None else eps_high
+    ratio = torch.exp(log_ratio(logp, old_logp, mask, ratio_level))
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = aggregate(per_token, mask, agg)
+    with torch.no_grad():
+        d = (old_logp - logp) * mask
+        stats = {"clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),
+                 "approx_kl": float(masked_mean(0.5 * d ** 2, mask)),
+                 "ratio_mean": float(masked_mean(ratio, mask))}
+    return loss, stats
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(π_θ || π_ref): exp(r) - r - 1 with r = log π_ref - log π_θ (always >= 0)."""
+    r = ref_logp - logp
+    return torch.exp(r) - r - 1.0
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float | None = 0.2, agg: Aggregation = "token_mean") -> tuple[torch.Tensor, dict[str, float]]:
+    """0.5·max((V-R)², (V_clipped-R)²) with V_clipped = V_old + clip(V - V_old, -clip, clip); no clipping if None."""
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        per_token = unclipped
+        frac = 0.0
+    else:
+        v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
+        clipped = (v_clip - returns) ** 2
+        per_token = torch.maximum(unclipped, clipped)
+        frac = float(masked_mean((clipped > unclipped).float(), mask))
+    return 0.5 * aggregate(per_token, mask, agg), {"value_clip_frac": frac}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over the masked tokens (1: the critic explains the returns; <= 0: no better than a
+    constant); NaN when the returns do not vary."""
+    var_r = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    resid = returns - values
+    var_e = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
+    return float("nan") if float(var_r) == 0.0 else float(1.0 - var_e / var_r)

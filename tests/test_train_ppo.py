@@ -1,0 +1,239 @@
+"""The joint PPO core: GAE and the losses against hand-computed values, one update on SmolLM2, the training loop
+(resume after a kill, NaN stops with the last good checkpoint kept), params validation."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ragteam.train.advantages import episode_gae, gae, group_normalized, group_normalized_by_role
+from ragteam.train.pg import explained_variance, kl_k3, policy_loss, value_loss
+
+# ---- GAE on a 3-call episode ---------------------------------------------------------------------------------
+# calls of 1, 2 and 1 response tokens, rewards 1.0, 0.5, 2.0 on their last tokens; values per token:
+REWARDS, VALUES = [1.0, 0.5, 2.0], [torch.tensor([0.5]), torch.tensor([0.2, 0.4]), torch.tensor([1.0])]
+
+
+def test_gae_over_the_flattened_episode_by_hand():
+    # γ = 0.9, λ = 0.5 (γλ = 0.45); tokens t0 | t1 t2 | t3, rewards 1 | 0 0.5 | 2, values .5 | .2 .4 | 1
+    # δ3 = 2 - 1 = 1                       A3 = 1
+    # δ2 = 0.5 + .9·1 - .4 = 1.0           A2 = 1 + .45·1 = 1.45
+    # δ1 = 0 + .9·.4 - .2 = 0.16           A1 = .16 + .45·1.45 = 0.8125
+    # δ0 = 1 + .9·.2 - .5 = 0.68           A0 = .68 + .45·.8125 = 1.045625
+    out = episode_gae(REWARDS, VALUES, gamma=0.9, lam=0.5, scope="episode")
+    adv = torch.cat([a for a, _ in out]).tolist()
+    ret = torch.cat([r for _, r in out]).tolist()
+    assert adv == pytest.approx([1.045625, 0.8125, 1.45, 1.0])
+    assert ret == pytest.approx([1.545625, 1.0125, 1.85, 2.0])
+    assert [len(a) for a, _ in out] == [1, 2, 1]
+
+
+def test_gae_within_each_call_by_hand():
+    # scope "call": no bootstrapping across calls. A3 = 1; A2 = .5 - .4 = .1; A1 = .9·.4 - .2 + .45·.1 = .205;
+    # A0 = 1 - .5 = .5
+    adv = torch.cat([a for a, _ in episode_gae(REWARDS, VALUES, 0.9, 0.5, scope="call")]).tolist()
+    assert adv == pytest.approx([0.5, 0.205, 0.1, 1.0])
+    # γ = λ = 1 (the official code): every token of a call gets its reward minus its own value
+    adv1 = torch.cat([a for a, _ in episode_gae(REWARDS, VALUES, 1.0, 1.0, scope="call")]).tolist()
+    assert adv1 == pytest.approx([0.5, 0.3, 0.1, 1.0])
+    # ... and over the episode the reward-to-go: t1 sees 0.5 + 2 later
+    adv_ep = torch.cat([a for a, _ in episode_gae(REWARDS, VALUES, 1.0, 1.0)]).tolist()
+    assert adv_ep == pytest.approx([3.5 - 0.5, 2.5 - 0.2, 2.5 - 0.4, 2.0 - 1.0])
+
+
+def test_gae_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="same length"):
+        gae(torch.zeros(3), torch.zeros(2), torch.zeros(3, dtype=torch.bool), 1.0, 1.0)
+    with pytest.raises(ValueError, match="2 rewards for 1 calls"):
+        episode_gae([1.0, 2.0], [torch.zeros(1)], 1.0, 1.0)
+    with pytest.raises(ValueError, match="no response tokens"):
+        episode_gae([1.0], [torch.zeros(0)], 1.0, 1.0)
+
+
+def test_group_normalized():
+    assert group_normalized([1.0, 3.0, 5.0, 5.0], ["a", "a", "b", "b"]) == pytest.approx([-1, 1, 0, 0], abs=1e-5)
+    assert group_normalized([2.0], ["solo"]) == [0.0]
+    by_role = group_normalized_by_role([1.0, 3.0, 10.0, 30.0], ["q", "q", "q", "q"], ["plan", "plan", "ans", "ans"])
+    assert by_role == pytest.approx([-1, 1, -1, 1], abs=1e-5)
+
+
+# ---- the clipped losses ------------------------------------------------------------------------------------------
+
+def _pg_inputs():
+    # log-ratios .1, -.5, .3, .05 and a padded 5th token that must not count
+    old = torch.zeros(1, 5)
+    logp = torch.tensor([[0.1, -0.5, 0.3, 0.05, 9.0]])
+    adv = torch.tensor([[1.0, -1.0, 2.0, 0.5, 100.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    return logp, old, adv, mask
+
+
+def test_ppo_policy_loss_by_hand():
+    logp, old, adv, mask = _pg_inputs()
+    # ratios 1.10517, .60653, 1.34986, 1.05127; ε = .2:
+    #  t0 A=1:  ratio 1.10517 inside [.8, 1.2]: -1.10517
+    #  t1 A=-1: max(.60653, clip .8 -> .8) = .8 (clipped)
+    #  t2 A=2:  max(-2.69972, -2·1.2 = -2.4) = -2.4 (clipped)
+    #  t3 A=.5: -.525636 (inside the range)
+    loss, st = policy_loss(logp, old, adv, mask, eps_low=0.2)
+    r = [math.exp(x) for x in (0.1, -0.5, 0.3, 0.05)]
+    expect = (-r[0] + 0.8 - 2.4 - 0.5 * r[3]) / 4
+    assert float(loss) == pytest.approx(expect, rel=1e-5)
+    assert st["clip_frac"] == pytest.approx(0.5)
+    # clip-higher (DECOR): ε_high = .4 lets t2's ratio 1.35 through
+    loss_h, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.4)
+    assert float(loss_h) == pytest.approx((-r[0] + 0.8 - 2 * r[2] - 0.5 * r[3]) / 4, rel=1e-5)
+    # sequence level: one ratio exp(mean log-ratio) = exp(-.0125) for every token
+    loss_s, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, ratio_level="sequence")
+    rs = math.exp((0.1 - 0.5 + 0.3 + 0.05) / 4)
+    assert float(loss_s) == pytest.approx(-rs * (1 - 1 + 2 + 0.5) / 4, rel=1e-5)
+
+
+def test_value_loss_clipping_by_hand():
+    v, old, ret, mask = (torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.5]]), torch.tensor([[2.0, 0.0]]),
+                         torch.ones(1, 2))
+    # unclipped (V-R)² = 1, 0; clipped V = .7, .3 -> 1.69, .09; max -> 1.69, .09; loss = .5·mean = .445
+    loss, st = value_loss(v, old, ret, mask, clip=0.2)
+    assert float(loss) == pytest.approx(0.445) and st["value_clip_frac"] == 1.0
+    assert float(value_loss(v, old, ret, mask, clip=None)[0]) == pytest.approx(0.25)
+    # inside the clip range nothing changes
+    assert float(value_loss(torch.tensor([[0.6, 0.4]]), old, ret, mask, clip=0.2)[0]) == pytest.approx(
+        0.5 * ((0.6 - 2) ** 2 + 0.4 ** 2) / 2)
+
+
+def test_kl_and_explained_variance():
+    assert float(kl_k3(torch.tensor(0.3), torch.tensor(0.3))) == 0.0
+    assert float(kl_k3(torch.tensor(-1.0), torch.tensor(0.0))) == pytest.approx(math.exp(1) - 2)
+    ret = torch.tensor([1.0, 2.0, 3.0])
+    assert explained_variance(ret, ret, torch.ones(3)) == pytest.approx(1.0)
+    assert explained_variance(torch.zeros(3), ret, torch.ones(3)) == pytest.approx(0.0)
+    assert math.isnan(explained_variance(torch.zeros(2), torch.ones(2), torch.ones(2)))
+
+
+# ---- params ------------------------------------------------------------------------------------------------------
+
+def test_unknown_joint_key_is_an_error_naming_it():
+    from ragteam.config import ParamsError
+    from stages.train_joint import load_joint
+
+    params = {"joint": {"systems": ["mask"], "retriever": "x", "ppo": {**PPO, "clip_ratio": 0.2},
+                        "mask": {"max_questions": 0}}}
+    with pytest.raises(ParamsError, match=r"joint\.ppo\.clip_ratio"):
+        load_joint(params, "mask")
+    params["joint"]["ppo"].pop("clip_ratio")
+    params["joint"]["mask"]["ppo"] = {"actor_lrr": 1.0}
+    with pytest.raises(ParamsError, match=r"joint\.mask\.ppo\.actor_lrr"):
+        load_joint(params, "mask")
+    params["joint"]["mask"]["ppo"] = {"actor_lr": 0.5}
+    assert load_joint(params, "mask")[0].actor_lr == 0.5
+    with pytest.raises(ParamsError, match="not in joint.systems"):
+        load_joint(params, "jade")
+
+
+PPO = {"steps": 2, "questions_per_step": 1, "minibatch_size": 8, "micro_batch_size": 4, "actor_lr": 1e-3,
+       "critic_lr": 1e-3, "save_steps": 1, "temperature": 1.0,
+       "lora": {"enabled": True, "rank": 8, "alpha": 16, "top_layers": 2}}
+
+
+# ---- SmolLM2: one update moves log-probs the way the advantages say ----------------------------------------------
+
+def test_one_ppo_update_on_smollm2_follows_the_advantages(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    from ragteam.train.ppo import PPOParams, Sample, _build_actor_critic, _collate, ppo_update
+
+    torch.manual_seed(0)
+    p = PPOParams(**{**PPO, "actor_lr": 5e-3, "vf_coef": 0.0})
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    ac = _build_actor_critic(str(smollm2_dir), p, "cpu", torch.float32)
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    prompt = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False).input_ids
+    good, bad = (tok(" Blue", add_special_tokens=False).input_ids + [tok.eos_token_id],
+                 tok(" Seven", add_special_tokens=False).input_ids + [tok.eos_token_id])
+    samples = [Sample(0, 0, "r", prompt, good, 1.0), Sample(0, 1, "r", prompt, bad, -1.0)]
+
+    def logps():
+        with torch.no_grad():
+            batch = _collate(samples, tok.eos_token_id, "cpu")
+            lp, v = ac(*batch[:4])
+        return [lp[b, :len(s.response_ids)] for b, s in enumerate(samples)], v
+
+    before, v = logps()
+    for s, lp, a in zip(samples, before, (1.0, -1.0)):
+        s.old_logp, s.values = lp, v[0, :len(s.response_ids)] * 0
+        s.advantages, s.returns = torch.full_like(lp, a), torch.zeros_like(lp)
+    opt = torch.optim.AdamW([t for t in ac.parameters() if t.requires_grad], lr=p.actor_lr)
+    stats = ppo_update(ac, opt, samples, p, tok.eos_token_id, "cpu")
+    after, _ = logps()
+    assert float(after[0].sum()) > float(before[0].sum()) + 1e-3      # positive advantage: more likely
+    assert float(after[1].sum()) < float(before[1].sum()) - 1e-3      # negative advantage: less likely
+    assert stats["clip_frac"] == [0.0]                                # on-policy first step: ratio 1
+
+
+# ---- the loop on SmolLM2: a killed run resumes; a NaN loss stops with the last good checkpoint kept --------------
+
+def _tiny_system(nan_at_step: int | None = None):
+    from helpers_agents import KeywordRetriever
+
+    from ragteam.train.systems import mask_system
+
+    retr = KeywordRetriever([("Xland", "Xville is the capital of Xland."), ("Yland", "Yville is in Yland.")])
+    params = {"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8, "format_penalty": 1.0}}
+    system = mask_system(params, retr)
+    if nan_at_step is None:
+        return system
+    seen = {"n": 0}
+
+    def annotate(eps):
+        seen["n"] += 1
+        eps = system.annotate(eps)
+        if seen["n"] == nan_at_step:
+            eps[0].calls[0].reward = float("nan")
+        return eps
+
+    from dataclasses import replace
+
+    return replace(system, annotate=annotate)
+
+
+ROWS = [{"id": "q1", "question": "What is the capital of Xland?", "golden_answers": ["Xville"]},
+        {"id": "q2", "question": "Which country is Yville in?", "golden_answers": ["Yland"]}]
+
+
+def _train(tmp_path, smollm2_dir, system, on_step=None):
+    from ragteam.llm import EngineConfig, SamplingConfig
+    from ragteam.train.ppo import PPOParams, train_joint_ppo
+
+    p = PPOParams(**PPO)
+    sampling = {"default": SamplingConfig(max_new_tokens=6)}
+    return train_joint_ppo(system, ROWS, str(smollm2_dir), tmp_path / "ckpt", p,
+                           EngineConfig(device="cpu", threads=1, batch_size=4), sampling, on_step=on_step)
+
+
+def test_nan_loss_stops_keeping_the_last_good_checkpoint_and_a_rerun_resumes(tmp_path, smollm2_dir):
+    from ragteam.train.ppo import TrainingDiverged
+
+    # a NaN reward at step 2 makes the loss non-finite: training stops, checkpoint-1 stays (like a killed run)
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 2.*checkpoint-1"):
+        _train(tmp_path, smollm2_dir, _tiny_system(nan_at_step=2))
+    assert (tmp_path / "ckpt" / "checkpoint-1" / "state.pt").exists()
+    assert not (tmp_path / "ckpt" / "checkpoint-2").exists()
+    first = json_load(tmp_path / "ckpt" / "checkpoint-1" / "trainer_state.json")["log_history"][0]
+    # the rerun resumes from checkpoint-1 and runs only step 2
+    res = _train(tmp_path, smollm2_dir, _tiny_system())
+    assert res.resumed_from == 1 and res.global_step == 2 and len(res.log_history) == 2
+    assert res.log_history[0] == first
+    e = res.log_history[1]
+    for key in ("reward", "episode_f1", "value_loss", "policy_loss", "explained_variance", "clip_frac",
+                "response_tokens", "format_error_rate", "reward/mask_planning", "reward/mask_answer"):
+        assert key in e, key
+    assert e["calls_per_episode"] >= 3                      # Planning, Search, ..., Answer
+    assert (tmp_path / "ckpt" / "checkpoint-2" / "trainer_state.json").exists()
+
+
+def json_load(path):
+    import json
+
+    return json.loads(path.read_text())
