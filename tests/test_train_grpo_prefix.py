@@ -40,7 +40,7 @@ def test_shared_prefix_logps_equal_a_full_forward_pass(tiny):
                                                   return_dict=True)["input_ids"])
     torch.manual_seed(1)
     comp, mask = _sample_group(model, prompt, G=4, max_new=6, temperature=1.0, eos_id=tok.eos_token_id,
-                               pad_id=tok.pad_token_id)
+                               pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     assert comp.shape == (4, 6) or bool((comp == tok.eos_token_id).any(1).all())
     got = _group_logps(model, prompt, comp, temperature=0.7)
     for g in range(4):  # reference: each sequence on its own, prompt + completion in one pass
@@ -56,7 +56,8 @@ def test_completion_mask_keeps_tokens_up_to_the_first_eos(tiny, monkeypatch):
 
     path, tok = tiny
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    eos, pad = tok.eos_token_id, tok.pad_token_id
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos   # older tokenizers have no pad token
     script = iter([torch.tensor([5, eos]), torch.tensor([6, 7]), torch.tensor([9, 8])])
     monkeypatch.setattr(torch, "multinomial", lambda probs, n: next(script)[:, None])
     comp, mask = _sample_group(model, torch.tensor([1, 2, 3]), G=2, max_new=3, temperature=1.0, eos_id=eos,

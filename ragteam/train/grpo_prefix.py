@@ -38,7 +38,7 @@ def _sample_group(model, prompt_ids, G: int, max_new: int, temperature: float, e
         cache = out.past_key_values
         cache.batch_repeat_interleave(G)
         logits = out.logits[:, -1].expand(G, -1)
-        done = torch.zeros(G, dtype=torch.bool)
+        done = torch.zeros(G, dtype=torch.bool, device=prompt_ids.device)
         tokens = []
         for _ in range(max_new):
             nxt = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(1)
@@ -77,8 +77,10 @@ def _save(ckpt_dir: Path, step: int, model, opt, sched, history: list[dict], kee
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    device = next(model.parameters()).device
+    cuda_rng = {"cuda_rng": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {}
     torch.save({"trainable": trainable, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}, tmp / "state.pt")
+                "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), **cuda_rng}, tmp / "state.pt")
     write_json(tmp / "trainer_state.json", {"global_step": step, "log_history": history})  # completeness marker
     shutil.rmtree(d, ignore_errors=True)
     tmp.rename(d)
@@ -89,14 +91,17 @@ def _save(ckpt_dir: Path, step: int, model, opt, sched, history: list[dict], kee
 def _load(path: Path, model, opt, sched) -> tuple[int, list[dict]]:
     import torch
 
-    state = torch.load(path / "state.pt", weights_only=True)  # tensors and plain containers only: no code
+    device = next(model.parameters()).device
+    state = torch.load(path / "state.pt", weights_only=True, map_location=device)  # tensors and containers: no code
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n, t in state["trainable"].items():
             params[n].copy_(t)
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if "cuda_rng" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
     random.setstate(state["py_rng"])
     meta = json.loads((path / "trainer_state.json").read_text())
     return int(meta["global_step"]), list(meta["log_history"])
@@ -131,15 +136,18 @@ def train_grpo_shared_prefix(
     torch.manual_seed(params.seed)
     random.seed(params.seed)
 
+    # fp32 on the GPU when there is one (rollouts and loss on the same device), else the CPU
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
     ref = None
     if params.lora.enabled:
         from peft import get_peft_model
 
         model = get_peft_model(model, lora_config(params.lora, model_path))
     elif params.kl_beta > 0:
-        ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().requires_grad_(False)
+        ref = (AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+               .requires_grad_(False))
     model.train()
     if params.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -148,7 +156,7 @@ def train_grpo_shared_prefix(
     sched = get_scheduler(params.lr_scheduler, opt, num_warmup_steps=0, num_training_steps=params.steps)
     eos_id, pad_id = tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     prompt_ids = [torch.tensor(tok.apply_chat_template(s.prompt, add_generation_prompt=True, return_dict=True)
-                               ["input_ids"]) for s in rows]
+                               ["input_ids"], device=device) for s in rows]
 
     step, history = (0, [])
     if resume:
@@ -187,7 +195,7 @@ def train_grpo_shared_prefix(
         opt.zero_grad(set_to_none=True)
         loss_sum, kl_sum = 0.0, 0.0
         for (i, comp, mask), r in zip(groups, rewards):
-            adv = (r - r.mean()) / (r.std() + 1e-4)
+            adv = ((r - r.mean()) / (r.std() + 1e-4)).to(device)
             logp = _group_logps(model, prompt_ids[i], comp, params.temperature)
             per_token = -adv[:, None] * logp
             if params.kl_beta > 0:
