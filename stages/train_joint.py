@@ -9,6 +9,7 @@ checkpoints/train_joint_<system> (not a DVC out): a killed run, rerun, resumes f
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ class JointParams(Strict):
     retriever: str                               # index dir or http(s) service the rollouts search
     ppo: dict[str, Any]                          # validated as PPOParams (with each system's overrides)
     mask: JointSystemParams = JointSystemParams()
+    jade: JointSystemParams = JointSystemParams()
 
 
 def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams]:
@@ -58,10 +60,13 @@ def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, Joint
     return ppo, jp, sp
 
 
-PANELS = [("reward per role", ["reward/mask_planning", "reward/mask_search", "reward/mask_summary",
-                               "reward/mask_update", "reward/mask_answer"]),
-          ("reward", ["reward", "episode_f1"]), "value_loss", "explained_variance", ("KL", ["approx_kl", "kl_ref"]),
-          "clip_frac", "response_tokens", "format_error_rate", ("turns, searches", ["turns", "searches"])]
+def panels(roles: Sequence[str], stats: Sequence[str] = ()) -> list:
+    """The curve PNG's layout: reward per role, the generic PPO figures, then the system's own figures."""
+    own = [s for s in stats if s not in ("turns", "searches")]
+    return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), "value_loss",
+            "explained_variance", ("KL", ["approx_kl", "kl_ref"]), "clip_frac", "response_tokens",
+            "format_error_rate", ("turns, searches", ["turns", "searches"]),
+            *([("system figures", own)] if own else [])]
 
 
 def run(system_name: str, params: dict) -> dict:
@@ -90,7 +95,8 @@ def run(system_name: str, params: dict) -> dict:
     curve = [dict(h) for h in result.log_history]
     extra: dict[str, Any] = {}
     for col in ("episode_f1", "response_tokens", "format_error_rate", "explained_variance", "value_loss",
-                "clip_frac", "turns", "searches", *[f"reward/{r}" for r in system.roles]):
+                "clip_frac", "turns", "searches", *[f"reward/{r}" for r in system.roles],
+                *[k for k in system.stats if k not in ("turns", "searches")]):
         ys = [r[col] for r in curve if col in r and r[col] == r[col]]
         if ys:
             q = max(len(ys) // 4, 1)
@@ -102,7 +108,7 @@ def run(system_name: str, params: dict) -> dict:
         backend=f"ragteam joint PPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
         params={"joint.ppo": ppo.model_dump(), f"joint.{system_name}": sp.model_dump(), "system": system.describe,
                 "retriever": jp.retriever},
-        reward=REWARD_TEXT[system_name], extra_metrics=extra, panels=PANELS,
+        reward=REWARD_TEXT[system_name], extra_metrics=extra, panels=panels(system.roles, list(system.stats)),
         title=f"{system_name}: joint PPO, {ppo.steps} steps x {ppo.questions_per_step} questions",
         notes=(f"One policy for every role ({', '.join(system.roles)}); each AgentCall of a rollout is a PPO sample "
                f"(GAE scope {ppo.gae_scope}, γ {ppo.gamma}, λ {ppo.lam}, critic {ppo.critic}). `collapsed` flags "

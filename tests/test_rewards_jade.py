@@ -99,7 +99,7 @@ def test_shipped_params_and_paper_profile_parse():
     cpu = parse_section(params, "jade", JadeConfig)
     assert cpu.top_k == 3 and cpu.passage_words == 15 and cpu.reward.format_penalty == 1.0
     ev = parse_section(params, "eval", EvalConfig)
-    assert ev.systems["jade"].workflow == "jade" and "jade_trained" not in ev.systems   # no checkpoint yet
+    assert ev.systems["jade"].workflow == "jade" and ev.systems["jade_trained"].model == "models/agents/jade"
     assert set(jade.ROLES) <= set(params["llm"]["sampling"])
     paper = parse_section(deep_merge(params, yaml.safe_load((REPO / "profiles" / "paper.yaml").read_text())), "jade",
                           JadeConfig)

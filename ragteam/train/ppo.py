@@ -36,8 +36,8 @@ import random
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -101,13 +101,20 @@ class PPOParams(Strict):
 
 @dataclass(frozen=True)
 class JointSystem:
-    """What a joint system adds to the trainer: its roles, a training-mode rollout and its reward."""
+    """What a joint system adds to the trainer: its roles, a training-mode rollout and its reward.
+
+    Episodes may hold any number of calls, different from episode to episode (a JADE question answered in one round
+    has two calls, a decomposed one a dozen): every call is a sample and GAE runs over each episode's own calls.
+    `stats`: the system's own per-episode figures (e.g. JADE's rounds, retrievals, decomposition share), each
+    averaged over a step's episodes into the step log under its name; a name also in the generic log (`turns`,
+    `searches`) replaces the generic value."""
 
     name: str
     roles: tuple[str, ...]
     rollout: Callable[[Sequence[dict], Team], list[Episode]]   # questions -> Episodes (training mode)
     annotate: Callable[[list[Episode]], list[Episode]]         # fills AgentCall.reward on every call
     describe: dict[str, Any]                                   # what goes into the fingerprint and the card
+    stats: Mapping[str, Callable[[Episode], float]] = field(default_factory=dict)
 
 
 class TrainingDiverged(ValueError):
@@ -344,6 +351,35 @@ def single_pass(p: PPOParams, n_samples: int) -> bool:
     return p.ppo_epochs == 1 and p.minibatch_size >= n_samples and p.kl_coef == 0
 
 
+def assign_advantages(samples: Sequence[Sample], p: PPOParams) -> None:
+    """Step 5: per-token advantages and returns of every sample, from its reward and the critic's values.
+
+    The samples are grouped by episode (each episode with its own number of calls), kept in call order, and GAE runs
+    over each episode's flattened call sequence (`gae_scope: episode`, JADE Alg. 2 / M-ASK Eq. 5: a terminal reward
+    reaches the first call through the critic) or within each call (`call`); then, with `normalize_advantages`, the
+    advantages are whitened over every response token of the batch."""
+    import torch
+
+    from ragteam.train.advantages import episode_gae
+    from ragteam.train.pg import masked_whiten
+
+    by_ep: dict[int, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_ep[s.episode].append(s)
+    for ss in by_ep.values():
+        ss.sort(key=lambda s: s.call)
+        for s, (a, r) in zip(ss, episode_gae([s.reward for s in ss], [s.values for s in ss], p.gamma, p.lam,
+                                             p.gae_scope)):
+            s.advantages, s.returns = a, r
+    if p.normalize_advantages:
+        flat = torch.cat([s.advantages for s in samples])
+        flat = masked_whiten(flat, torch.ones_like(flat))
+        pos = 0
+        for s in samples:
+            s.advantages = flat[pos:pos + len(s.response_ids)]
+            pos += len(s.response_ids)
+
+
 def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int, device: str, step: int = 0, *,
                ref_available: bool = False, backward: Callable | None = None, clip: Callable | None = None,
                ckpt_dir: Path | None = None, name: str = "joint", first_pass: list | None = None
@@ -423,8 +459,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from ragteam.train.advantages import episode_gae
-    from ragteam.train.pg import explained_variance, masked_whiten
+    from ragteam.train.pg import explained_variance
 
     if not rows:
         raise ValueError("train_joint_ppo: no training questions")
@@ -509,20 +544,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                     s.old_logp, s.values = logp[b, :n].detach().cpu(), v[b, :n].detach().cpu()
                     s.ref_logp = rl[b, :n].cpu() if rl is not None else None
         # 5. GAE over each episode's flattened calls (in call order), then whitening over the batch
-        by_ep: dict[int, list[Sample]] = defaultdict(list)
-        for s in samples:
-            by_ep[s.episode].append(s)
-        for ss in by_ep.values():
-            for s, (a, r) in zip(ss, episode_gae([s.reward for s in ss], [s.values for s in ss], p.gamma, p.lam,
-                                                 p.gae_scope)):
-                s.advantages, s.returns = a, r
-        if p.normalize_advantages:
-            flat = torch.cat([s.advantages for s in samples])
-            flat = masked_whiten(flat, torch.ones_like(flat))
-            pos = 0
-            for s in samples:
-                s.advantages = flat[pos:pos + len(s.response_ids)]
-                pos += len(s.response_ids)
+        assign_advantages(samples, p)
         # 6. PPO epochs over role-mixed minibatches
         stats = ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
                            backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
@@ -530,7 +552,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         sched.step()
         step += 1
         # 7. log and checkpoint
-        entry = _step_log(step, episodes, samples, stats, explained_variance, sched.get_last_lr()[0])
+        entry = _step_log(step, episodes, samples, stats, explained_variance, sched.get_last_lr()[0],
+                          system.stats)
         entry.update(step_seconds=time.perf_counter() - t0, rollout_seconds=t_rollout)
         history.append(entry)
         log.info("step %d/%d reward %.3f f1 %.3f value_loss %.4f (%.1fs)", step, p.steps, entry["reward"],
@@ -549,9 +572,11 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
 
 
 def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample], stats: dict[str, list[float]],
-              explained_variance, lr: float) -> dict[str, float]:
+              explained_variance, lr: float,
+              system_stats: Mapping[str, Callable[[Episode], float]] | None = None) -> dict[str, float]:
     """One history entry: rewards (all calls and per role), episode F1, losses, explained variance, clip fraction,
-    response length and format-error rate (all calls and per role), turns and searches per episode."""
+    response length and format-error rate (all calls and per role), turns and searches per episode, and the
+    system's own per-episode figures (`JointSystem.stats`, mean over the step's episodes)."""
     import torch
 
     calls = [c for ep in episodes for c in ep.calls]
@@ -564,6 +589,8 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
     entry["calls_per_episode"] = len(calls) / max(len(episodes), 1)
     entry["turns"] = mean([float(ep.meta.get("workflow", {}).get("turns", 0)) for ep in episodes])
     entry["searches"] = mean([float(ep.cost.get("retrieval_calls", 0)) for ep in episodes])
+    for name, fn in (system_stats or {}).items():
+        entry[name] = mean([float(fn(ep)) for ep in episodes])
     by_role: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         by_role[s.role].append(s)

@@ -1,5 +1,6 @@
 """The systems the joint PPO trainer knows: each names its workflow's params section, builds its training-mode
-rollout and its reward. A new system (JADE, DECOR, QAgent) adds one factory here and one `joint.systems` entry.
+rollout and its reward (and, optionally, its own per-episode training figures). A new system (DECOR, QAgent) adds
+one factory here, one `joint.systems` entry and its `joint.<system>` section (stages.train_joint.JointParams).
 """
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ragteam.config import ParamsError, parse_section
+from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.train.ppo import JointSystem
 
@@ -28,13 +30,62 @@ def mask_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     )
 
 
+def _workflow(ep: Episode) -> dict:
+    return ep.meta["workflow"]
+
+
+# JADE's own training figures (Sec. 4 RQ2 / App. D): per episode, averaged over a step's episodes by the trainer
+JADE_STATS: dict[str, Callable[[Episode], float]] = {
+    "turns": lambda ep: float(_workflow(ep)["rounds"]),             # a JADE round is its turn (Eq. 6's T)
+    "searches": lambda ep: float(_workflow(ep)["retrievals"]),      # Eq. 6's N_ret
+    "ds_calls": lambda ep: float(_workflow(ep)["ds_calls"]),
+    "ds_per_round": lambda ep: _workflow(ep)["ds_calls"] / max(_workflow(ep)["rounds"], 1),  # App. D's DS ratio
+    "decomposed": lambda ep: float(_workflow(ep)["decomposed"]),    # the root plan decomposed (QDS / QDP)
+    "decompose_share": lambda ep: _workflow(ep)["plans_decompose"] / max(_workflow(ep)["plans"], 1),
+    "max_rounds_hit": lambda ep: float(_workflow(ep)["max_rounds_hit"]),
+    "r_global": lambda ep: float(_workflow(ep)["r_global"]),
+}
+
+
+def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
+    """JADE (§3.4, Algorithm 2): the planner and the six LLM executors of `ragteam.agents.jade`, rolled out with
+    Algorithm 1 (`run_jade`: JADE's training rollout is its inference procedure), rewarded by Eq. 6-8
+    (`ragteam.rewards.jade.assign_rewards`: R_global on the terminal call, −`jade.reward.format_penalty` on every
+    malformed call). With `gae_scope: episode` the trainer's GAE runs over each episode's flattened call sequence,
+    so the round-1 planner is credited with the terminal reward through the critic."""
+    from ragteam.agents import jade as J
+    from ragteam.agents.jade_workflow import JadeConfig, run_jade
+    from ragteam.rewards.jade import assign_rewards
+
+    cfg = parse_section(params, "jade", JadeConfig)
+
+    def annotate(episodes: list[Episode]) -> list[Episode]:
+        for ep in episodes:
+            assign_rewards(ep, cfg.reward)
+        return episodes
+
+    return JointSystem(
+        name="jade", roles=J.ROLES,
+        rollout=lambda rows, team: run_jade(rows, team, retriever, cfg, system="jade"),
+        annotate=annotate, stats=JADE_STATS,
+        describe={"workflow": "ragteam.agents.jade_workflow.run_jade", "jade": cfg.model_dump(),
+                  "reward": "JADE Eq. 6-8 (ragteam.rewards.jade.assign_rewards)"},
+    )
+
+
 REWARD_TEXT = {
     "mask": ("M-ASK turn-level rewards (§3.3): Planning F1(a_0, y) (Eq. 2); Answer F1(a_t, y) (Eq. 2); Search, "
              "Summary and Update of turn t F1(a_t, y) - F1(a_{t-1}, y) (Eq. 3); a Search that outputs <end> 0; "
              "minus mask.format_penalty for a malformed call (official code)."),
+    "jade": ("JADE (§3.3, Eq. 6-8): R_global = F1(ŷ, y) - α·min(T, M)/M - β·min(N_ret, M)/M on the episode's "
+             "terminal call only (AS, or AG when the root was answered directly), with T the rounds, N_ret the "
+             "retrievals, α, β, M = jade.reward.alpha, beta, cost_max; minus jade.reward.format_penalty on every "
+             "malformed call (Eq. 7). Every call is a PPO sample; GAE over the episode's flattened calls carries "
+             "R_global back to the round-1 planner (Alg. 2)."),
 }
 
-SYSTEMS: dict[str, Callable[[dict[str, Any], Retriever], JointSystem]] = {"mask": mask_system}
+SYSTEMS: dict[str, Callable[[dict[str, Any], Retriever], JointSystem]] = {"mask": mask_system,
+                                                                          "jade": jade_system}
 
 
 def build_system(name: str, params: dict[str, Any], retriever: Retriever) -> JointSystem:
