@@ -12,7 +12,9 @@ from ragteam.io import atomic_file
 PROFILE_DIR = Path("profiles")
 # Mappings whose entries the user names (report rows, agent roles): an overlay may add entries there, e.g. the
 # Table 3 rows of profiles/table3.yaml. Everywhere else a key the base lacks is a typo.
-OPEN_MAPPINGS = ("eval.systems", "llm.sampling")
+# mappings whose keys a profile may add: their keys are checked where they are read (joint.<system>.ppo overrides
+# of joint.ppo: load_joint rejects a key PPOParams does not have)
+OPEN_MAPPINGS = ("eval.systems", "llm.sampling", "joint.decor.ppo")
 
 
 def load_profile(name: str, directory: Path = PROFILE_DIR) -> dict:
