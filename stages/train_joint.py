@@ -1,4 +1,5 @@
-"""Stage train_joint@<system>: joint multi-agent PPO of one shared backbone on every role of a system.
+"""Stage train_joint@<system>: joint multi-agent policy gradient of one shared backbone on every trained role of a
+system (PPO with a critic for M-ASK; DECOR's per-role group advantages, no critic).
 
 Usage: python -m stages.train_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Reads `joint.ppo` (shared
 PPO settings), `joint.<system>` (training questions, per-system PPO overrides) and the system's own inference
@@ -41,6 +42,7 @@ class JointParams(Strict):
     ppo: dict[str, Any]                          # validated as PPOParams (with each system's overrides)
     mask: JointSystemParams = JointSystemParams()
     jade: JointSystemParams = JointSystemParams()
+    decor: JointSystemParams = JointSystemParams()
 
 
 def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams]:
@@ -60,13 +62,16 @@ def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, Joint
     return ppo, jp, sp
 
 
-def panels(roles: Sequence[str], stats: Sequence[str] = ()) -> list:
-    """The curve PNG's layout: reward per role, the generic PPO figures, then the system's own figures."""
+def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> list:
+    """The curves' layout: rewards per role, losses (the value loss and explained variance with a critic; the
+    groups trained by dynamic sampling without one), KL, clipping, lengths, format errors, turns, then the
+    system's own figures."""
+    learn = (["value_loss", "explained_variance"] if critic
+             else [("groups trained", ["groups_trained", "groups"]), "policy_loss"])
     own = [s for s in stats if s not in ("turns", "searches")]
-    return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), "value_loss",
-            "explained_variance", ("KL", ["approx_kl", "kl_ref"]), "clip_frac", "response_tokens",
-            "format_error_rate", ("turns, searches", ["turns", "searches"]),
-            *([("system figures", own)] if own else [])]
+    return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), *learn,
+            ("KL", ["approx_kl", "kl_ref"]), "clip_frac", "response_tokens", "format_error_rate",
+            ("turns, searches", ["turns", "searches"]), *([("system figures", own)] if own else [])]
 
 
 def run(system_name: str, params: dict) -> dict:
@@ -82,20 +87,21 @@ def run(system_name: str, params: dict) -> dict:
     retriever = open_retriever(jp.retriever)
     system = build_system(system_name, params, retriever)
     stage = f"train_joint_{system_name}"
-    print(f"{stage}: {ppo.steps} PPO steps x {ppo.questions_per_step} questions of {len(rows)}, critic {ppo.critic}, "
+    print(f"{stage}: {ppo.steps} steps x {ppo.questions_per_step} questions of {len(rows)}, "
+          f"{'critic ' + ppo.critic if system.critic else 'no critic (system advantages)'}, "
           f"LoRA {ppo.lora.enabled}, rollouts {ppo.rollout_backend} on {llm.backend}/{llm.device}", flush=True)
     result = train_joint_ppo(system, rows, llm.model, CHECKPOINTS / stage, ppo, llm, dict(llm.sampling),
                              run_tag={"retriever": jp.retriever, "max_questions": sp.max_questions},
                              on_step=lambda step, e: print(
                                  f"{stage}: step {step}/{ppo.steps} reward {e['reward']:.3f} episode F1 "
-                                 f"{e['episode_f1']:.3f} value loss {e.get('value_loss', 0):.4f} format errors "
+                                 f"{e['episode_f1']:.3f} policy loss {e.get('policy_loss', 0):.4f} format errors "
                                  f"{e['format_error_rate']:.2f} ({e['step_seconds']:.1f} s, rollout "
                                  f"{e['rollout_seconds']:.1f} s)", flush=True))
     # wall time is logged as `step_seconds` / `rollout_seconds`: summed into metrics, kept out of curves and the card
     curve = [dict(h) for h in result.log_history]
     extra: dict[str, Any] = {}
     for col in ("episode_f1", "response_tokens", "format_error_rate", "explained_variance", "value_loss",
-                "clip_frac", "turns", "searches", *[f"reward/{r}" for r in system.roles],
+                "clip_frac", "turns", "searches", "groups_trained", *[f"reward/{r}" for r in system.roles],
                 *[k for k in system.stats if k not in ("turns", "searches")]):
         ys = [r[col] for r in curve if col in r and r[col] == r[col]]
         if ys:
@@ -108,10 +114,14 @@ def run(system_name: str, params: dict) -> dict:
         backend=f"ragteam joint PPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
         params={"joint.ppo": ppo.model_dump(), f"joint.{system_name}": sp.model_dump(), "system": system.describe,
                 "retriever": jp.retriever},
-        reward=REWARD_TEXT[system_name], extra_metrics=extra, panels=panels(system.roles, list(system.stats)),
-        title=f"{system_name}: joint PPO, {ppo.steps} steps x {ppo.questions_per_step} questions",
-        notes=(f"One policy for every role ({', '.join(system.roles)}); each AgentCall of a rollout is a PPO sample "
-               f"(GAE scope {ppo.gae_scope}, γ {ppo.gamma}, λ {ppo.lam}, critic {ppo.critic}). `collapsed` flags "
+        reward=REWARD_TEXT[system_name], extra_metrics=extra, panels=panels(system.roles, system.critic, list(system.stats)),
+        title=(f"{system_name}: joint {'PPO' if system.critic else 'group policy gradient'}, {ppo.steps} steps x "
+               f"{ppo.questions_per_step} questions"),
+        notes=(f"One policy for every role ({', '.join(system.roles)}); each AgentCall of a rollout is a sample "
+               + (f"(GAE scope {ppo.gae_scope}, γ {ppo.gamma}, λ {ppo.lam}, critic {ppo.critic}). " if system.critic
+                  else f"(advantages: {system.describe.get('advantage', 'the system estimator')}, no critic; ratio "
+                       f"{ppo.ratio_level}, ε {ppo.clip_eps} / {ppo.clip_eps_high or ppo.clip_eps}). ")
+               + f"`collapsed` flags "
                f"episode F1 and response length both falling below {1 - ppo.collapse_drop:.0%} of their best window."))
 
 

@@ -110,7 +110,7 @@ def test_params_sections_and_paper_profile():
     params = load_params(REPO / "params.yaml")
     cfg = parse_section(params, "decor", DecorConfig)
     ev = parse_section(params, "eval", EvalConfig)
-    assert ev.systems["decor"].workflow == "decor" and "decor_trained" not in ev.systems
+    assert ev.systems["decor"].workflow == "decor" and ev.systems["decor_trained"].model == "models/agents/decor"
     assert ev.agents["decor_planner"] == "models/agents/decor" and cfg.judge == "rules"
     llm = parse_section(params, "llm", LLMConfig)
     assert all(r in llm.sampling for r in (*decor.POLICY_ROLES, decor.SUMMARIZER, "decor_judge"))

@@ -174,7 +174,7 @@ def test_shipped_params_train_jade_on_both_profiles():
         5e-7, 1e-5, 128, 32, 0.0)
     assert pp.critic == "separate" and not pp.lora.enabled and pp.gae_scope == "episode"
     assert psp.max_questions == 0
-    layout = panels(jade.ROLES, ["turns", "searches", "ds_calls", "r_global"])
+    layout = panels(jade.ROLES, True, ["turns", "searches", "ds_calls", "r_global"])
     assert layout[0] == ("reward per role", [f"reward/{r}" for r in jade.ROLES])
     assert layout[-1] == ("system figures", ["ds_calls", "r_global"])
 

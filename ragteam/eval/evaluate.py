@@ -47,6 +47,9 @@ ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (G
          "decor": (*decor.POLICY_ROLES, decor.SUMMARIZER),
          "qagent": ("qagent",), "qagent_plugin": ("qagent", QAGENT_GENERATOR),
          "ircot": (REASONER,), "sure": SURE_ROLES, "mask": MASK_ROLES}
+# helper roles that are never trained: a system's `model` does not move them (they run on the base model, or on
+# their own checkpoint from DecorConfig.frozen_roles)
+FROZEN_ROLES = (decor.SUMMARIZER,)
 SCORE_KEYS = ("em", "f1", "acc")
 OPTIONAL_SCORE_KEYS = ("lj",)  # summarised only where every episode has it
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
@@ -59,7 +62,8 @@ class SystemSpec(Strict):
     trained_agents: bool = False              # roles listed in eval.agents use those checkpoints
     base_roles: list[AgentRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
-    model: str | None = None                  # every role of the workflow on this checkpoint (jointly trained teams)
+    model: str | None = None                  # every trained role of the workflow on this checkpoint (jointly trained
+                                              # teams); the FROZEN_ROLES stay where they were
 
 
 class EvalConfig(Strict):
@@ -98,7 +102,7 @@ class EvalConfig(Strict):
 def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
     """role -> checkpoint for the roles that do not use the base model."""
     if spec.model is not None:
-        return dict.fromkeys(ROLES[spec.workflow], spec.model)
+        return dict.fromkeys((r for r in ROLES[spec.workflow] if r not in FROZEN_ROLES), spec.model)
     if not spec.trained_agents:
         return {}
     return {role: path for role, path in agents.items() if role not in spec.base_roles}

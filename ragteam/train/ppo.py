@@ -1,4 +1,5 @@
-"""Joint multi-agent PPO on one shared backbone (M-ASK §3.3 + Algorithm 1, JADE §3.4 + Algorithm 2).
+"""Joint multi-agent policy gradient on one shared backbone: PPO with a critic (M-ASK §3.3 + Algorithm 1, JADE §3.4
++ Algorithm 2) and critic-free group estimators (DECOR §4.4) on the same loop and the same loss.
 
 Every role of a system is the same policy π_θ with a different system prompt; every AgentCall of a batch of
 Episodes is one PPO sample, roles mixed. One training step, top to bottom:
@@ -11,9 +12,12 @@ Episodes is one PPO sample, roles mixed. One training step, top to bottom:
               response ids (its text, plus EOS when the engine stopped on it); the loss mask covers the response;
  4. old pass  one no-grad pass: log π_old and the critic's values (at the token before each response token: the
               last prompt token for the first), plus log π_ref when kl_coef > 0;
- 5. GAE       over each episode's flattened call sequence, every call's reward on its last response token
-              (`ragteam.train.advantages.episode_gae`; γ = λ = 1 in the official M-ASK / JADE code);
-              advantages whitened over the batch;
+ 5. advantages by the system's estimator: by default GAE over each episode's flattened call sequence, every
+              call's reward on its last response token (`ragteam.train.advantages.episode_gae`; γ = λ = 1 in the
+              official M-ASK / JADE code), whitened over the batch; or the system's own `JointSystem.advantage`
+              (DECOR: Eq. 6 per role within each question's group), one scalar per call broadcast to its tokens,
+              with no critic. A system may first `select` the episodes that train (DECOR's dynamic sampling); a
+              step where it keeps none logs `skipped_update` and makes no optimiser step;
  6. update    `ppo_epochs` passes over role-mixed minibatches of `minibatch_size` calls: token-level clipped policy
               loss + vf_coef · clipped value loss (+ kl_coef · k3 KL), gradient clipping (`ragteam.train.pg`);
  7. log + checkpoint (resume through `ragteam.train.checkpoints`); a non-finite loss stops training with the last
@@ -24,8 +28,8 @@ on a second copy of the base model with its own adapters (`separate`, verl's lay
 from the same instruct model). With several processes (`accelerate launch`), each process rolls out its share of
 the questions and gradients are averaged by accelerate's data-parallel wrapper.
 
-A system plugs in through `JointSystem` (which workflow to roll out, which reward annotates): see
-`ragteam.train.systems`.
+A system plugs in through `JointSystem` (which workflow to roll out, which reward annotates, optionally which
+advantage estimator, which episodes train, which roles stay frozen): see `ragteam.train.systems`.
 """
 from __future__ import annotations
 
@@ -35,15 +39,17 @@ import math
 import random
 import shutil
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from ragteam.config import Strict
+from ragteam.config import ParamsError, Strict
 from ragteam.eval.metrics import f1_score
 from ragteam.io import write_json
 from ragteam.llm import EngineConfig, SamplingConfig, Team
@@ -63,7 +69,9 @@ class PPOParams(Strict):
     micro_batch_size: int = Field(4, ge=1)            # calls per forward/backward (gradient accumulation)
     ppo_epochs: int = Field(1, ge=1)
     actor_lr: float = Field(gt=0)
-    critic_lr: float = Field(gt=0)                    # value head (+ the separate critic's backbone)
+    critic_lr: float = Field(gt=0)                    # value head (+ the separate critic's backbone); unused by
+                                                      # critic-free systems (DECOR)
+    adam_betas: tuple[float, float] = (0.9, 0.999)   # AdamW (β1, β2) of every parameter group (DECOR: β2 0.95)
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
@@ -110,11 +118,25 @@ class JointSystem:
     `searches`) replaces the generic value."""
 
     name: str
-    roles: tuple[str, ...]
+    roles: tuple[str, ...]                                     # the trained roles: their calls are the samples
     rollout: Callable[[Sequence[dict], Team], list[Episode]]   # questions -> Episodes (training mode)
-    annotate: Callable[[list[Episode]], list[Episode]]         # fills AgentCall.reward on every call
+    annotate: Callable[[list[Episode]], list[Episode]]         # fills AgentCall.reward on every trained call
     describe: dict[str, Any]                                   # what goes into the fingerprint and the card
     stats: Mapping[str, Callable[[Episode], float]] = field(default_factory=dict)
+    # None: GAE with the critic (M-ASK, JADE). Else episodes -> one advantage per call (aligned with
+    # Episode.calls; None for a call that does not train), broadcast to the call's tokens; no critic is built
+    advantage: Callable[[list[Episode]], list[list[float | None]]] | None = None
+    # which rewarded episodes train this step (DECOR's dynamic sampling); None: all
+    select: Callable[[list[Episode]], list[Episode]] | None = None
+    # helper roles that are never trained: role -> checkpoint, None = the base model of the policy (its LoRA
+    # adapter switched off; a second copy without LoRA). Their calls are generated but are no samples.
+    frozen_roles: dict[str, str | None] = field(default_factory=dict)
+    # PPOParams values the estimator needs (DECOR: the sequence-level ratio); a mismatch is an error naming the key
+    requires: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def critic(self) -> bool:
+        return self.advantage is None
 
 
 class TrainingDiverged(ValueError):
@@ -150,10 +172,13 @@ def tokenize_call(tok, call: AgentCall) -> tuple[list[int], list[int]]:
     return prompt_ids, response_ids
 
 
-def episode_samples(tok, episodes: Sequence[Episode]) -> list[Sample]:
+def episode_samples(tok, episodes: Sequence[Episode], roles: Sequence[str] | None = None) -> list[Sample]:
+    """One Sample per call of the trained `roles` (None: every call); calls of frozen helper roles are skipped."""
     out = []
     for ei, ep in enumerate(episodes):
         for ci, c in enumerate(ep.calls):
+            if roles is not None and c.role not in roles:
+                continue
             if c.reward is None:
                 raise ValueError(f"episode {ep.episode_id} call {ci} ({c.role}) has no reward: the system's reward "
                                  f"function must annotate every call")
@@ -170,7 +195,7 @@ def _parts(model):
     return base.get_decoder(), base.get_output_embeddings()
 
 
-def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype):
+def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype, with_critic: bool = True):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -187,7 +212,7 @@ def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype):
             self.policy = policy
             hidden = policy.config.get_text_config().hidden_size
             self.critic = None
-            if p.critic == "separate":
+            if with_critic and p.critic == "separate":
                 critic = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
                 if p.lora.enabled:
                     from peft import get_peft_model
@@ -197,6 +222,8 @@ def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype):
             self.value_head = torch.nn.Linear(hidden, 1)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
+            if not with_critic:                 # critic-free estimators: the head is never trained nor read
+                self.value_head.requires_grad_(False)
             if p.gradient_checkpointing:
                 for m in (self.policy, self.critic):
                     if m is not None:
@@ -296,11 +323,27 @@ def _load_checkpoint(path: Path, ac, opt, sched) -> tuple[int, list[dict]]:
 
 # ---- the rollout engine --------------------------------------------------------------------------------------
 
+class _AdapterOff:
+    """An engine view that generates with the policy's LoRA adapter switched off: the frozen base model, for the
+    helper roles that must not change while the policy trains (DECOR's summarizer and an LLM judge)."""
+
+    def __init__(self, engine, off: Callable[[], Any]):
+        self.engine, self.off = engine, off
+
+    def generate(self, prompts, sampling):
+        with self.off():
+            return self.engine.generate(prompts, sampling)
+
+
 class _Rollouts:
-    """A Team for the system's roles whose engine is the current policy (live) or vLLM with its LoRA adapter."""
+    """A Team for the system's roles whose engine is the current policy (live) or vLLM with its LoRA adapter; the
+    system's frozen roles run on the base model (the policy with its adapter off, or their own checkpoint)."""
 
     def __init__(self, ac, tok, model_path: str, p: PPOParams, engine_cfg: EngineConfig,
-                 sampling: dict[str, SamplingConfig], roles: Sequence[str], adapter_dir: Path):
+                 sampling: dict[str, SamplingConfig], roles: Sequence[str], adapter_dir: Path,
+                 frozen_roles: dict[str, str | None] | None = None):
+        from ragteam.llm import load_engine
+
         self.p, self.ac, self.adapter_dir = p, ac, adapter_dir
         if p.rollout_backend == "live":
             from ragteam.llm.hf import HFEngine
@@ -315,6 +358,26 @@ class _Rollouts:
         self.sampling = {r: (sampling.get(r) or default).model_copy(update={"temperature": p.temperature,
                                                                            "top_p": p.top_p, "n": 1})
                          for r in roles}
+        self.frozen: dict[str, Any] = {}
+        loaded: dict[str, Any] = {}
+        for role, path in (frozen_roles or {}).items():
+            self.sampling[role] = sampling.get(role) or default      # its own settings (e.g. a judge at T = 0)
+            path = None if path in (None, model_path) else path
+            if path is None and p.lora.enabled and p.rollout_backend == "live":
+                # own HFEngine over the same weights: its prefix cache never mixes adapter-on and -off KV
+                path = "<base: adapter off>"
+                if path not in loaded:
+                    loaded[path] = _AdapterOff(HFEngine(model_path, engine_cfg, model=base, tokenizer=tok),
+                                               ac.policy.disable_adapter)
+            elif path is None and p.lora.enabled:
+                path = "<base: no LoRA request>"
+                if path not in loaded:
+                    loaded[path] = _AdapterOff(self.engine, lambda: _no_lora_request(self.engine))
+            elif path is None:             # full fine-tuning: the base model is a second, untouched copy
+                path = model_path
+            if path not in loaded:
+                loaded[path] = load_engine(path, engine_cfg)
+            self.frozen[role] = loaded[path]
 
     def team(self, step: int) -> Team:
         if self.p.rollout_backend == "live":
@@ -324,7 +387,17 @@ class _Rollouts:
             self.ac.policy.save_pretrained(str(d))
             self.engine.load_lora(str(d))
         seeded = {r: s.model_copy(update={"seed": self.p.seed * 100003 + step}) for r, s in self.sampling.items()}
-        return Team(self.engine, seeded)
+        return Team(lambda role: self.frozen.get(role, self.engine), seeded)
+
+
+@contextmanager
+def _no_lora_request(engine):
+    """vLLM rollouts: generate without the policy's LoRA request (the base model) for the duration."""
+    saved, engine._lora = engine._lora, None
+    try:
+        yield
+    finally:
+        engine._lora = saved
 
 
 # ---- the loop ------------------------------------------------------------------------------------------------
@@ -358,10 +431,7 @@ def assign_advantages(samples: Sequence[Sample], p: PPOParams) -> None:
     over each episode's flattened call sequence (`gae_scope: episode`, JADE Alg. 2 / M-ASK Eq. 5: a terminal reward
     reaches the first call through the critic) or within each call (`call`); then, with `normalize_advantages`, the
     advantages are whitened over every response token of the batch."""
-    import torch
-
     from ragteam.train.advantages import episode_gae
-    from ragteam.train.pg import masked_whiten
 
     by_ep: dict[int, list[Sample]] = defaultdict(list)
     for s in samples:
@@ -372,21 +442,31 @@ def assign_advantages(samples: Sequence[Sample], p: PPOParams) -> None:
                                              p.gae_scope)):
             s.advantages, s.returns = a, r
     if p.normalize_advantages:
-        flat = torch.cat([s.advantages for s in samples])
-        flat = masked_whiten(flat, torch.ones_like(flat))
-        pos = 0
-        for s in samples:
-            s.advantages = flat[pos:pos + len(s.response_ids)]
-            pos += len(s.response_ids)
+        whiten_advantages(samples)
+
+
+def whiten_advantages(samples: Sequence[Sample]) -> None:
+    """Whiten the advantages over every response token of the batch (zero mean, unit variance)."""
+    import torch
+
+    from ragteam.train.pg import masked_whiten
+
+    flat = torch.cat([s.advantages for s in samples])
+    flat = masked_whiten(flat, torch.ones_like(flat))
+    pos = 0
+    for s in samples:
+        s.advantages = flat[pos:pos + len(s.response_ids)]
+        pos += len(s.response_ids)
 
 
 def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int, device: str, step: int = 0, *,
                ref_available: bool = False, backward: Callable | None = None, clip: Callable | None = None,
-               ckpt_dir: Path | None = None, name: str = "joint", first_pass: list | None = None
-               ) -> dict[str, list[float]]:
+               ckpt_dir: Path | None = None, name: str = "joint", first_pass: list | None = None,
+               critic: bool = True) -> dict[str, list[float]]:
     """`ppo_epochs` passes over role-mixed minibatches of `minibatch_size` samples (accumulated over micro-batches),
     one optimiser step per minibatch: clipped policy loss + vf_coef · value loss (+ kl_coef · KL to the reference).
-    The samples carry old log-probs, values, advantages and returns. Returns the per-micro-batch statistics.
+    The samples carry old log-probs, advantages and (with a `critic`) values and returns; without one there is no
+    value loss. Returns the per-micro-batch statistics.
 
     `first_pass` (the on-policy single pass, see `single_pass`): the (log-probs, values) of every micro-batch in
     sample order, computed with gradients when the old log-probs were taken; they are used instead of a second
@@ -413,15 +493,18 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                 micro = mb[u0:u0 + p.micro_batch_size]
                 batch = _collate(micro, pad_id, device)
                 mask, rlen = batch[4], batch[4].shape[1]
-                logp, v = first_pass[u0 // p.micro_batch_size] if first_pass else model(*batch[:4], p.temperature)
+                logp, v = (first_pass[u0 // p.micro_batch_size] if first_pass
+                           else model(*batch[:4], p.temperature, values=critic))
                 old_logp = _stack([s.old_logp for s in micro], rlen, device)
                 adv = _stack([s.advantages for s in micro], rlen, device)
-                ret = _stack([s.returns for s in micro], rlen, device)
-                old_v = _stack([s.values for s in micro], rlen, device)
                 pl, pst = policy_loss(logp, old_logp, adv, mask, eps_low=p.clip_eps, eps_high=p.clip_eps_high,
                                       ratio_level=p.ratio_level, agg=p.loss_agg)
-                vl, vst = value_loss(v, old_v, ret, mask, p.value_clip, p.loss_agg)
-                loss = pl + p.vf_coef * vl
+                loss, vl, vst = pl, None, {}
+                if critic:
+                    ret = _stack([s.returns for s in micro], rlen, device)
+                    old_v = _stack([s.values for s in micro], rlen, device)
+                    vl, vst = value_loss(v, old_v, ret, mask, p.value_clip, p.loss_agg)
+                    loss = pl + p.vf_coef * vl
                 if p.kl_coef > 0 and ref_available:
                     kl = kl_k3(logp, _stack([s.ref_logp for s in micro], rlen, device))
                     kl_mean = (kl * mask).sum() / mask.sum().clamp(min=1)
@@ -431,19 +514,67 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                     last = checkpoint_steps(ckpt_dir) if ckpt_dir is not None else []
                     raise TrainingDiverged(
                         f"{name}: non-finite loss at step {step + 1} (policy {float(pl.detach())}, value "
-                        f"{float(vl.detach())}); "
+                        f"{float(vl.detach()) if vl is not None else 'none'}); "
                         f"training stopped, the last good checkpoint "
                         f"{'checkpoint-' + str(last[-1]) if last else '(none yet)'} in {ckpt_dir} is kept")
                 weight = (sum(len(s.response_ids) for s in micro) / n_tok if p.loss_agg == "token_mean"
                           else len(micro) / len(mb))
                 backward(loss * weight)
                 stats["policy_loss"].append(float(pl.detach()))
-                stats["value_loss"].append(float(vl.detach()))
+                if vl is not None:
+                    stats["value_loss"].append(float(vl.detach()))
                 for k, x in {**pst, **vst}.items():
                     stats[k].append(x)
             stats["grad_norm"].append(float(clip(trainable, p.max_grad_norm)))
             opt.step()
     return stats
+
+
+def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: Sequence[Episode], ac, ac_wrapped,
+            opt, accel, ref_logp: Callable, pad_id: int, device: str, step: int, ckpt_dir: Path
+            ) -> dict[str, list[float]]:
+    """Steps 4-6 on the samples that train: old log-probs (and values, reference log-probs), the system's
+    advantages, the clipped update."""
+    import torch
+
+    # 4. old log-probs, values (and reference log-probs). With one PPO epoch over one minibatch the update is
+    #    on-policy: this pass keeps its gradients and the update reuses it (one forward pass instead of two)
+    single = single_pass(p, len(samples))
+    first_pass = [] if single else None
+    ac.train(single)
+    with torch.set_grad_enabled(single):
+        for i in range(0, len(samples), p.micro_batch_size):
+            chunk = samples[i:i + p.micro_batch_size]
+            batch = _collate(chunk, pad_id, device)
+            logp, v = (ac_wrapped if single else ac)(*batch[:4], p.temperature, values=system.critic)
+            if single:
+                first_pass.append((logp, v))
+            with torch.no_grad():
+                rl = ref_logp(batch) if p.kl_coef > 0 else None
+            for b, s in enumerate(chunk):
+                n = len(s.response_ids)
+                s.old_logp = logp[b, :n].detach().cpu()
+                s.values = v[b, :n].detach().cpu() if v is not None else None
+                s.ref_logp = rl[b, :n].cpu() if rl is not None else None
+    # 5. advantages
+    if system.advantage is not None:
+        # the system's estimator: one scalar per call, the same for each of its tokens (DECOR Eq. 6)
+        adv = system.advantage([episodes[i] for i in sorted({s.episode for s in samples})])
+        index = {e: k for k, e in enumerate(sorted({s.episode for s in samples}))}
+        for s in samples:
+            a = adv[index[s.episode]][s.call]
+            if a is None:
+                raise ValueError(f"{system.name}: the estimator gave no advantage to a {s.role} call (episode "
+                                 f"{episodes[s.episode].episode_id}, call {s.call}), a trained role")
+            s.advantages = torch.full((len(s.response_ids),), float(a))
+        if p.normalize_advantages:
+            whiten_advantages(samples)
+    else:
+        assign_advantages(samples, p)   # GAE over each episode's flattened calls, then whitening
+    # 6. PPO epochs over role-mixed minibatches
+    return ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
+                      backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
+                      first_pass=first_pass, critic=system.critic)
 
 
 def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, ckpt_dir: str | Path,
@@ -463,6 +594,10 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
 
     if not rows:
         raise ValueError("train_joint_ppo: no training questions")
+    wrong = {k: (getattr(p, k), v) for k, v in system.requires.items() if getattr(p, k) != v}
+    if wrong:
+        raise ParamsError(f"joint.{system.name}.ppo: " + "; ".join(f"{k} is {have!r} but {system.name}'s estimator "
+                                                                  f"needs {need!r}" for k, (have, need) in wrong.items()))
     bad = [r.get("id") for r in rows if not r.get("golden_answers")]
     if bad:
         raise ValueError(f"train_joint_ppo: {len(bad)} training question(s) without golden answers, e.g. {bad[:3]}")
@@ -485,7 +620,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     dtype = torch.float32 if cpu_or_default else getattr(torch, engine_cfg.dtype)
     tok = AutoTokenizer.from_pretrained(model_path)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    ac = _build_actor_critic(model_path, p, device, dtype)
+    ac = _build_actor_critic(model_path, p, device, dtype, with_critic=system.critic)
     ref = None
     if p.kl_coef > 0 and not p.lora.enabled:   # with LoRA the reference is the policy with its adapters disabled
         from transformers import AutoModelForCausalLM
@@ -494,8 +629,10 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     critic_ids = {id(t) for n, t in ac.named_parameters() if n.startswith(("value_head", "critic"))}
     actor_params = [t for t in ac.parameters() if t.requires_grad and id(t) not in critic_ids]
     critic_params = [t for t in ac.parameters() if t.requires_grad and id(t) in critic_ids]
-    opt = torch.optim.AdamW([{"params": actor_params, "lr": p.actor_lr}, {"params": critic_params, "lr": p.critic_lr}],
-                            betas=(0.9, 0.999), weight_decay=0.0)
+    groups = [{"params": actor_params, "lr": p.actor_lr}]
+    if critic_params:
+        groups.append({"params": critic_params, "lr": p.critic_lr})
+    opt = torch.optim.AdamW(groups, betas=p.adam_betas, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(p.lr_scheduler, p.steps))
     step, history = 0, []
     if resume:
@@ -504,7 +641,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     start_step = step
     ac_wrapped, opt = accel.prepare(ac, opt)
     rollouts = _Rollouts(ac, tok, model_path, p, engine_cfg, dict(sampling or {}), system.roles,
-                         ckpt_dir / "rollout_adapter")
+                         ckpt_dir / "rollout_adapter", system.frozen_roles)
     t_start = time.perf_counter()
 
     def ref_logp(batch) -> torch.Tensor:
@@ -523,41 +660,38 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         ac.eval()
         episodes = system.annotate(system.rollout(qs, rollouts.team(step)))
         t_rollout = time.perf_counter() - t0
-        # 3. samples
-        samples = episode_samples(tok, episodes)
-        # 4. old log-probs, values (and reference log-probs). With one PPO epoch over one minibatch the update is
-        #    on-policy: this pass keeps its gradients and the update reuses it (one forward pass instead of two)
-        single = single_pass(p, len(samples))
-        first_pass = [] if single else None
-        ac.train(single)
-        with torch.set_grad_enabled(single):
-            for i in range(0, len(samples), p.micro_batch_size):
-                chunk = samples[i:i + p.micro_batch_size]
-                batch = _collate(chunk, pad_id, device)
-                logp, v = (ac_wrapped if single else ac)(*batch[:4], p.temperature)
-                if single:
-                    first_pass.append((logp, v))
-                with torch.no_grad():
-                    rl = ref_logp(batch) if p.kl_coef > 0 else None
-                for b, s in enumerate(chunk):
-                    n = len(s.response_ids)
-                    s.old_logp, s.values = logp[b, :n].detach().cpu(), v[b, :n].detach().cpu()
-                    s.ref_logp = rl[b, :n].cpu() if rl is not None else None
-        # 5. GAE over each episode's flattened calls (in call order), then whitening over the batch
-        assign_advantages(samples, p)
-        # 6. PPO epochs over role-mixed minibatches
-        stats = ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
-                           backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
-                           first_pass=first_pass)
-        sched.step()
+        # 3. samples: the calls of the trained roles of the episodes that train (all, unless the system selects)
+        samples = episode_samples(tok, episodes, system.roles)
+        chosen = system.select(episodes) if system.select is not None else episodes
+        keep = {id(ep) for ep in chosen}
+        train_eps = {i for i, ep in enumerate(episodes) if id(ep) in keep}
+        batch_samples = [s for s in samples if s.episode in train_eps]
+        selection = {"episodes_trained": float(len(train_eps)),
+                     "groups_trained": float(len({episodes[i].question_id for i in train_eps})),
+                     "groups": float(len({ep.question_id for ep in episodes}))}
+        if not batch_samples:
+            # nothing to learn from (e.g. dynamic sampling kept no group): no optimiser step, the step still counts
+            stats: dict[str, list[float]] = {}
+            selection["skipped_update"] = 1.0
+            log.warning("%s step %d: no episode selected for training (%d of %d groups kept): update skipped",
+                        system.name, step + 1, int(selection["groups_trained"]), int(selection["groups"]))
+        else:
+            selection["skipped_update"] = 0.0
+            stats = _update(system, p, batch_samples, episodes, ac, ac_wrapped, opt, accel, ref_logp, pad_id,
+                            device, step, ckpt_dir)
+        with warnings.catch_warnings():    # a skipped update steps the schedule without an optimiser step
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            sched.step()
         step += 1
         # 7. log and checkpoint
         entry = _step_log(step, episodes, samples, stats, explained_variance, sched.get_last_lr()[0],
                           system.stats)
+        entry.update(selection)
         entry.update(step_seconds=time.perf_counter() - t0, rollout_seconds=t_rollout)
         history.append(entry)
-        log.info("step %d/%d reward %.3f f1 %.3f value_loss %.4f (%.1fs)", step, p.steps, entry["reward"],
-                 entry["episode_f1"], entry["value_loss"], entry["step_seconds"])
+        log.info("step %d/%d reward %.3f f1 %.3f policy_loss %.4f value_loss %.4f (%.1fs)", step, p.steps,
+                 entry["reward"], entry["episode_f1"], entry.get("policy_loss", 0.0), entry.get("value_loss", 0.0),
+                 entry["step_seconds"])
         if on_step is not None:
             on_step(step, entry)
         if accel.is_main_process and (step % p.save_steps == 0 or step == p.steps):
@@ -599,10 +733,12 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
         entry[f"response_tokens/{role}"] = mean([len(s.response_ids) for s in ss])
         entry[f"format_error_rate/{role}"] = mean([episodes[s.episode].calls[s.call].format_error is not None
                                                    for s in ss])
-    values = torch.cat([s.values for s in samples])
-    returns = torch.cat([s.returns for s in samples])
-    entry["explained_variance"] = explained_variance(values, returns, torch.ones_like(values))
-    entry["value_mean"] = float(values.mean())
+    critic = [s for s in samples if s.values is not None and s.returns is not None]
+    if critic:                                  # GAE systems (critic-free estimators have no values)
+        values = torch.cat([s.values for s in critic])
+        returns = torch.cat([s.returns for s in critic])
+        entry["explained_variance"] = explained_variance(values, returns, torch.ones_like(values))
+        entry["value_mean"] = float(values.mean())
     for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm",
               "ratio_mean"):
         if stats.get(k):

@@ -1,13 +1,15 @@
-"""The systems the joint PPO trainer knows: each names its workflow's params section, builds its training-mode
-rollout and its reward (and, optionally, its own per-episode training figures). A new system (DECOR, QAgent) adds
-one factory here, one `joint.systems` entry and its `joint.<system>` section (stages.train_joint.JointParams).
+"""The systems the joint trainer knows: each names its workflow's params section, builds its training-mode
+rollout and its reward, optionally its own per-episode training figures, and (critic-free systems) its advantage
+estimator. A new system adds one factory here, one `joint.systems` entry and its `joint.<system>` section
+(stages.train_joint.JointParams).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ragteam.config import ParamsError, parse_section
+from ragteam.llm import Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.train.ppo import JointSystem
@@ -73,6 +75,48 @@ def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     )
 
 
+def decor_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
+    """DECOR (Sec. 4.4): Planner, Filter and Answerer on the shared policy, the summarizer (and an LLM judge) frozen;
+    `decor.group_size` training-mode rollouts of each question (a malformed call truncates its trajectory); rewards
+    R_total of Eq. 3 per call (format gate, Eq. 2, the `decor.judge` role verdicts); advantages of Eq. 6 per role
+    within each question's group, no critic; dynamic sampling keeps a question's group only when its mean R_team
+    lies inside (`decor.dynamic_sampling.low`, `high`). The loss is the shared one with `ratio_level: sequence`
+    (Eq. 5; clip-higher through `clip_eps` / `clip_eps_high`)."""
+    from ragteam.agents import decor as D
+    from ragteam.agents.decor_workflow import JUDGE_ROLE, DecorConfig, run_decor
+    from ragteam.rewards.decor import decor_rewards, make_judge
+    from ragteam.train.decor_adv import decor_advantages, dynamic_sampling
+
+    cfg = parse_section(params, "decor", DecorConfig)
+    last_team: dict[str, Team] = {}       # the step's Team: the LLM judge's `decor_judge` role is on it
+
+    def rollout(rows: Sequence[dict], team: Team) -> list[Episode]:
+        last_team["team"] = team
+        # G copies of each question, consecutive; Episode.question_id (the row id) is the group of Eq. 6
+        return run_decor([r for r in rows for _ in range(cfg.group_size)], team, retriever, cfg, system="decor",
+                         truncate_on_format_error=True)
+
+    def annotate(eps: list[Episode]) -> list[Episode]:
+        decor_rewards(eps, make_judge(cfg, last_team["team"]), cfg.reward)
+        return eps
+
+    ds = cfg.dynamic_sampling
+    frozen: dict[str, str | None] = {D.SUMMARIZER: cfg.summarizer_model}
+    if cfg.judge == "llm":
+        frozen[JUDGE_ROLE] = cfg.judge_model
+    return JointSystem(
+        name="decor", roles=D.POLICY_ROLES, rollout=rollout, annotate=annotate,
+        advantage=decor_advantages,
+        select=(lambda eps: dynamic_sampling(eps, ds.low, ds.high)) if ds.enabled else None,
+        frozen_roles=frozen, requires={"ratio_level": "sequence", "normalize_advantages": False},
+        describe={"workflow": "ragteam.agents.decor_workflow.run_decor(truncate_on_format_error=True)",
+                  "decor": cfg.model_dump(), "advantage": "ragteam.train.decor_adv.decor_advantages (Eq. 6)",
+                  "dynamic_sampling": "ragteam.train.decor_adv.dynamic_sampling on the group's mean R_team"
+                  if ds.enabled else "off",
+                  "reward": "DECOR Eq. 2-3 with the format gate (ragteam.rewards.decor.decor_rewards)"},
+    )
+
+
 REWARD_TEXT = {
     "mask": ("M-ASK turn-level rewards (§3.3): Planning F1(a_0, y) (Eq. 2); Answer F1(a_t, y) (Eq. 2); Search, "
              "Summary and Update of turn t F1(a_t, y) - F1(a_{t-1}, y) (Eq. 3); a Search that outputs <end> 0; "
@@ -82,10 +126,16 @@ REWARD_TEXT = {
              "retrievals, α, β, M = jade.reward.alpha, beta, cost_max; minus jade.reward.format_penalty on every "
              "malformed call (Eq. 7). Every call is a PPO sample; GAE over the episode's flattened calls carries "
              "R_global back to the round-1 planner (Alg. 2)."),
+    "decor": ("DECOR hierarchical rewards (Sec. 4.3): a trajectory with a malformed Planner / Filter / Answerer output is "
+              "truncated and every policy call gets -1 (format gate); otherwise each call gets R_total = α·R_team + "
+              "β·R_role (Eq. 3), R_team = λ·F1 + (1 − λ)·R_LJ (Eq. 2), R_role = ±1 per step from decor.judge (rules "
+              "or the Appendix B prompts); per role the calls' rewards are averaged per trajectory and normalised "
+              "within the question's G trajectories (Eq. 6); dynamic sampling trains only on the groups with "
+              "low < mean R_team < high (decor.dynamic_sampling; the paper's 0 and 1)."),
 }
 
-SYSTEMS: dict[str, Callable[[dict[str, Any], Retriever], JointSystem]] = {"mask": mask_system,
-                                                                          "jade": jade_system}
+SYSTEMS: dict[str, Callable[[dict[str, Any], Retriever], JointSystem]] = {
+    "mask": mask_system, "jade": jade_system, "decor": decor_system}
 
 
 def build_system(name: str, params: dict[str, Any], retriever: Retriever) -> JointSystem:

@@ -1,0 +1,315 @@
+"""train_joint@decor on the one policy-gradient core: the sequence-level ratio of Eq. 5 with clip-higher against hand
+values, the DECOR system adapter (G rollouts per question, frozen summarizer, dynamic sampling on R_team), one step
+end to end to a checkpoint with the Eq. 6 advantages, and a step whose groups are all dropped (a clear skip, no NaN).
+The policy is a tiny random Llama with the SmolLM2 tokenizer: the machinery, not the model, is under test."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import replace
+
+import pytest
+import torch
+from helpers_agents import KeywordRetriever, ScriptedEngine
+
+from ragteam.llm import EngineConfig, SamplingConfig, Team
+from ragteam.records import AgentCall, Episode
+from ragteam.train.pg import policy_loss
+
+# ---- Eq. 5: sequence-level ratio, clip-higher, each sequence weighing the same (Eq. 4) ---------------------------
+
+
+def _two_sequences():
+    # sequence A: 2 tokens, log-ratios .1, .3 (a padded 3rd token with junk); sequence B: 3 tokens, -.4, -.2, -.3
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[0.1, 0.3, 5.0], [-0.4, -0.2, -0.3]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, 50.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    return logp, old, adv, mask
+
+
+def test_sequence_ratio_with_clip_higher_by_hand():
+    logp, old, adv, mask = _two_sequences()
+    ra, rb = math.exp(0.2), math.exp(-0.3)          # exp(mean log-ratio): 1.2214, 0.7408
+    # ε_low .2, ε_high .28: A's ratio 1.2214 lies inside [.8, 1.28] -> -1.2214; B (A = -1): max(.7408, .8) = .8
+    loss, st = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, ratio_level="sequence",
+                           agg="seq_mean_token_mean")
+    assert float(loss.detach()) == pytest.approx((-ra + 0.8) / 2, rel=1e-6)
+    assert st["clip_frac"] == pytest.approx(3 / 5)                  # B's 3 tokens of 5 are clipped
+    # symmetric ε = .2 clips A at 1.2 as well
+    sym, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, ratio_level="sequence", agg="seq_mean_token_mean")
+    assert float(sym.detach()) == pytest.approx((-1.2 + 0.8) / 2, rel=1e-6)
+    # token_mean weighs B's 3 tokens against A's 2
+    tok, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, ratio_level="sequence")
+    assert float(tok.detach()) == pytest.approx((2 * -ra + 3 * 0.8) / 5, rel=1e-6)
+    # gradient: d/d logp_A,t of -(1/2)·exp(mean_A) = -(1/2)·ra·(1/2) on each of A's tokens; B is clipped: 0
+    loss.backward()
+    g = logp.grad
+    assert g[0, :2].tolist() == pytest.approx([-ra / 4] * 2, rel=1e-6) and float(g[0, 2]) == 0.0
+    assert g[1].abs().sum() == 0.0
+
+
+def test_paper_clip_range_3e4_4e4_by_hand():
+    logp, old, adv, mask = _two_sequences()
+    loss, st = policy_loss(logp.detach(), old, adv, mask, eps_low=3e-4, eps_high=4e-4, ratio_level="sequence",
+                           agg="seq_mean_token_mean")
+    # A: 1.2214 -> 1 + 4e-4 (A > 0: -min(r, 1.0004)); B: 0.7408 -> 1 - 3e-4 (A < 0: max(r, 0.9997))
+    assert float(loss) == pytest.approx((-(1 + 4e-4) + (1 - 3e-4)) / 2, abs=1e-7)   # float32
+    assert st["clip_frac"] == 1.0
+    # inside the range nothing is clipped: a sequence ratio exp(2e-4)
+    small = torch.tensor([[1e-4, 3e-4, 0.0]])
+    l2, st2 = policy_loss(small, torch.zeros(1, 3), torch.ones(1, 3), torch.tensor([[1.0, 1.0, 0.0]]),
+                          eps_low=3e-4, eps_high=4e-4, ratio_level="sequence", agg="seq_mean_token_mean")
+    assert float(l2) == pytest.approx(-math.exp(2e-4), abs=1e-7) and st2["clip_frac"] == 0.0
+
+
+# ---- the system adapter ----------------------------------------------------------------------------------------
+
+PASSAGES = [("Beta City", "Beta City is the capital of Gamma."),
+            ("Red Sky", "Red Sky is a song written by Dana Low.")]
+ROWS = [{"id": "gamma", "question": "What is the capital of Gamma?", "golden_answers": ["Beta City"]},
+        {"id": "sky", "question": "Who wrote Red Sky?", "golden_answers": ["Dana Low"]}]
+# the Answerer's reply to the k-th trajectory of each question: Gamma all right (R_team 1), Red Sky half right
+ANSWERS = {"What is the capital of Gamma?": ["Beta City"] * 4,
+           "Who wrote Red Sky?": ["Dana Low", "Omega", "Dana Low", "Gamma"]}
+
+
+def scripted_team() -> tuple[Team, ScriptedEngine]:
+    seen: dict[str, int] = {}
+
+    def reply(role, m):
+        text = m[0]["content"]
+        if role == "decor_planner":
+            if "Search 1:" in text:
+                return "<think>enough</think>\n<search>None</search>"
+            q = re.search(r"^query: (.*)$", text, re.MULTILINE).group(1)
+            return f"<think>need the fact</think>\n<search>{q}</search>"
+        if role == "decor_filter":
+            return "<think>keep it</think>\n<filter>Beta City is the capital of Gamma; Dana Low wrote Red Sky.</filter>"
+        if role == "decor_answerer":
+            q = re.search(r"^- User's query: (.*)$", text, re.MULTILINE).group(1)
+            k = seen.get(q, 0)
+            seen[q] = k + 1
+            return f"<think>from memory</think>\n<answer>{ANSWERS[q][k]}</answer>"
+        raise AssertionError(role)
+
+    engine = ScriptedEngine(reply)
+    return Team(engine), engine
+
+
+def decor_params(**decor):
+    return {"decor": {"t_max": 2, "top_k": 1, "passage_words": 12, "l_max": 256, "group_size": 4, **decor}}
+
+
+def test_decor_system_rolls_out_g_per_question_and_filters_on_team_reward():
+    from ragteam.train.systems import REWARD_TEXT, decor_system
+
+    system = decor_system(decor_params(), KeywordRetriever(PASSAGES))
+    assert system.roles == ("decor_planner", "decor_filter", "decor_answerer") and not system.critic
+    assert system.frozen_roles == {"decor_summarizer": None}            # judge: rules needs no model
+    assert system.requires["ratio_level"] == "sequence" and "decor" in REWARD_TEXT
+    team, engine = scripted_team()
+    eps = system.annotate(system.rollout(ROWS, team))
+    assert [e.question_id for e in eps] == ["gamma"] * 4 + ["sky"] * 4
+    assert engine.steps("decor_answerer") == [8]                        # all 2 x G episodes in one batched call
+    assert [e.meta["reward"]["team"] for e in eps] == [1.0] * 4 + [1.0, 0.0, 1.0, 0.0]
+    kept = system.select(eps)
+    assert [e.question_id for e in kept] == ["sky"] * 4                 # the all-1 group is dropped
+    # an all-0 group is dropped too; an LLM judge is a frozen role as well; dynamic sampling off keeps everything
+    for e in eps[4:]:
+        e.meta["reward"]["team"] = 0.0
+    assert system.select(eps) == []
+    llm = decor_system(decor_params(judge="llm", dynamic_sampling={"enabled": False}), KeywordRetriever(PASSAGES))
+    assert llm.frozen_roles == {"decor_summarizer": None, "decor_judge": None} and llm.select is None
+
+
+def test_system_requirements_are_checked_against_the_params(tmp_path):
+    from ragteam.config import ParamsError
+    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.systems import decor_system
+
+    system = decor_system(decor_params(), KeywordRetriever(PASSAGES))
+    p = PPOParams(**{**PPO, "ratio_level": "token"})
+    with pytest.raises(ParamsError, match="ratio_level is 'token' but decor's estimator needs 'sequence'"):
+        train_joint_ppo(system, ROWS, "unused", tmp_path, p, EngineConfig(device="cpu"))
+
+
+def test_params_profile_and_eval_wiring():
+    from pathlib import Path
+
+    from ragteam.agents.decor_workflow import DecorConfig
+    from ragteam.config import deep_merge, load_params, parse_section
+    from ragteam.eval.evaluate import EvalConfig, role_models
+    from ragteam.profiles import check_keys, load_profile
+    from stages.train_joint import load_joint
+
+    repo = Path(__file__).resolve().parents[1]
+    params = load_params(repo / "params.yaml")
+    ppo, jp, sp = load_joint(params, "decor")
+    assert "decor" in jp.systems and ppo.ratio_level == "sequence" and not ppo.normalize_advantages
+    assert ppo.clip_eps_high > ppo.clip_eps and ppo.loss_agg == "seq_mean_token_mean"
+    profile = load_profile("paper", repo / "profiles")
+    check_keys(params, profile)                       # every key of the profile exists in params.yaml
+    paper = deep_merge(params, profile)
+    pp, _, _ = load_joint(paper, "decor")
+    assert (pp.actor_lr, pp.lr_scheduler, pp.adam_betas, pp.steps, pp.clip_eps, pp.clip_eps_high, pp.kl_coef) == (
+        2e-6, "cosine", (0.9, 0.95), 200, 3e-4, 4e-4, 0.0)
+    assert pp.questions_per_step == 64 and pp.ratio_level == "sequence"
+    assert parse_section(paper, "decor", DecorConfig).group_size == 8
+    ev = parse_section(params, "eval", EvalConfig)
+    models = role_models(ev.systems["decor_trained"], ev.agents)
+    assert models == {r: "models/agents/decor" for r in ("decor_planner", "decor_filter", "decor_answerer")}
+
+
+# ---- the loop on a tiny random Llama ----------------------------------------------------------------------------
+
+PPO = {"steps": 1, "questions_per_step": 2, "minibatch_size": 8, "micro_batch_size": 4, "actor_lr": 5e-2,
+       "critic_lr": 1e-3, "save_steps": 1, "ratio_level": "sequence", "clip_eps": 3e-4, "clip_eps_high": 4e-4,
+       "loss_agg": "seq_mean_token_mean", "normalize_advantages": False, "adam_betas": (0.9, 0.95),
+       "lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1}}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, smollm2_dir):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(cfg).save_pretrained(d, safe_serialization=True)
+    tok.save_pretrained(d)
+    return d
+
+
+def _train(tmp_path, model_dir, system, **ppo):
+    from ragteam.train.ppo import PPOParams, train_joint_ppo
+
+    p = PPOParams(**{**PPO, **ppo})
+    sampling = {"default": SamplingConfig(max_new_tokens=4)}
+    return train_joint_ppo(system, ROWS, str(model_dir), tmp_path / "ckpt", p,
+                           EngineConfig(device="cpu", threads=1, batch_size=8), sampling)
+
+
+def test_one_decor_step_end_to_end_to_a_checkpoint(tmp_path, tiny_llama, monkeypatch):
+    """Scripted rollouts (well-formed, one group all right, one half right), the real trainer on the tiny policy:
+    only the half-right group trains, every call with its Eq. 6 advantage, two optimiser steps (the second one
+    off-policy, so the sequence ratio moves), a checkpoint."""
+    import ragteam.train.ppo as ppo_mod
+    from ragteam.train.decor_adv import decor_advantages
+    from ragteam.train.systems import decor_system
+
+    base = decor_system(decor_params(), KeywordRetriever(PASSAGES))
+    team, _ = scripted_team()
+    system = replace(base, rollout=lambda rows, _policy_team: base.rollout(rows, team))
+    seen = {}
+    real_update = ppo_mod.ppo_update
+
+    def spy(model, opt, samples, p, *a, **kw):
+        seen["samples"] = list(samples)
+        seen["critic"] = kw["critic"]
+        return real_update(model, opt, samples, p, *a, **kw)
+
+    monkeypatch.setattr(ppo_mod, "ppo_update", spy)
+    res = _train(tmp_path, tiny_llama, system)
+    e = res.log_history[0]
+    assert (e["groups"], e["groups_trained"], e["episodes_trained"], e["skipped_update"]) == (2, 1, 4, 0)
+    assert seen["critic"] is False
+    samples = seen["samples"]
+    # the Red Sky group: per trajectory Planner (search, stop), Filter, Answerer = 4 calls x 4 trajectories
+    assert len(samples) == 16 and {s.role for s in samples} == {"decor_planner", "decor_filter", "decor_answerer"}
+    # each call's advantage is Eq. 6 on the kept group, the same on every token
+    eps = {}
+    for s in samples:
+        eps.setdefault(s.episode, []).append(s)
+    # rebuild the episodes' rewards from the samples (annotated by the system) and compare with decor_advantages
+    fake = []
+    for k in sorted(eps):
+        ep = Episode(question_id="sky", question="q", golden_answers=["x"])
+        for s in eps[k]:
+            ep.add_call(AgentCall(role=s.role, prompt=[], reward=s.reward))
+        fake.append(ep)
+    expect = decor_advantages(fake)
+    for k, ep_adv in zip(sorted(eps), expect):
+        for s, a in zip(eps[k], ep_adv):
+            assert s.advantages.tolist() == pytest.approx([a] * len(s.response_ids))
+    answers = [s for s in samples if s.role == "decor_answerer"]
+    assert [float(s.advantages[0]) > 0 for s in answers] == [True, False, True, False]
+    assert all(math.isfinite(e[k]) for k in ("policy_loss", "clip_frac", "grad_norm", "ratio_mean"))
+    assert "value_loss" not in e and "explained_variance" not in e
+    assert 0 < e["clip_frac"]                       # the second minibatch is off-policy: ε 3e-4 / 4e-4 clips
+    ck = tmp_path / "ckpt" / "checkpoint-1"
+    assert (ck / "state.pt").exists()
+    state = torch.load(ck / "state.pt", weights_only=False)
+    assert state["trainable"] and not any(k.startswith("value_head") for k in state["trainable"])
+    assert state["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)
+    assert len(state["optimizer"]["param_groups"]) == 1                 # no critic parameters
+    assert json.loads((ck / "trainer_state.json").read_text())["global_step"] == 1
+
+
+def test_a_step_whose_groups_are_all_dropped_is_skipped_cleanly(tmp_path, tiny_llama):
+    """Live rollouts of the random policy: nothing is well formed, every trajectory is truncated (R_team 0 in
+    every group), dynamic sampling keeps nothing: no optimiser step, no NaN, the step still logs and checkpoints;
+    the frozen summarizer never becomes a sample."""
+    from ragteam.train.systems import decor_system
+
+    system = decor_system(decor_params(), KeywordRetriever(PASSAGES))
+    res = _train(tmp_path, tiny_llama, system, steps=2)
+    assert res.global_step == 2 and len(res.log_history) == 2
+    for e in res.log_history:
+        assert (e["skipped_update"], e["groups_trained"], e["episodes_trained"]) == (1, 0, 0)
+        assert e["reward"] == -1.0 and e["format_error_rate"] == 1.0
+        assert "policy_loss" not in e and "grad_norm" not in e
+        assert all(not isinstance(v, float) or math.isfinite(v) for v in e.values())
+    state = torch.load(tmp_path / "ckpt" / "checkpoint-2" / "state.pt", weights_only=False)
+    assert state["optimizer"]["state"] == {}                            # AdamW never stepped
+    lora_b = [t for k, t in state["trainable"].items() if "lora_B" in k]
+    assert lora_b and all(float(t.abs().sum()) == 0.0 for t in lora_b)  # LoRA B is still its zero init
+
+
+def test_decor_trained_keeps_the_summarizer_frozen():
+    """`model: models/agents/decor` moves the three policy roles; the summarizer stays on the base model, or on
+    decor.summarizer_model (DecorConfig.frozen_roles)."""
+    from ragteam.agents.decor_workflow import DecorConfig
+    from ragteam.eval.evaluate import SystemSpec, make_team
+    from ragteam.llm import EnginePool
+
+    spec = SystemSpec(workflow="decor", model="models/agents/decor")
+    for cfg, summarizer in ((DecorConfig(), "models/llm"), (DecorConfig(summarizer_model="models/sum"), "models/sum")):
+        pool = EnginePool(EngineConfig(), loader=lambda p, c: ScriptedEngine(lambda r, m: ""))
+        team = make_team(pool, spec, {}, "models/llm", {}, cfg.frozen_roles())
+        for role in ("decor_planner", "decor_filter", "decor_answerer"):
+            assert team.engine(role) is pool.get("models/agents/decor")
+        assert team.engine("decor_summarizer") is pool.get(summarizer)
+        assert sorted(pool.loaded) == sorted({"models/agents/decor", summarizer})
+
+
+def test_frozen_role_generates_with_the_adapter_off(tiny_llama):
+    """In training, the summarizer (a frozen role, checkpoint None) runs on the base weights: the policy's LoRA
+    adapter is switched off for its calls only."""
+    from ragteam.llm import load_engine
+    from ragteam.train.ppo import PPOParams, _build_actor_critic, _Rollouts
+
+    p = PPOParams(**PPO)
+    ac = _build_actor_critic(str(tiny_llama), p, "cpu", torch.float32, with_critic=False)
+    with torch.no_grad():                    # a trained-looking adapter: LoRA B far from its zero init
+        for n, t in ac.policy.named_parameters():
+            if "lora_B" in n:
+                t.normal_(0, 5.0)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    greedy = {"default": SamplingConfig(max_new_tokens=6, temperature=0.0)}
+    cfg = EngineConfig(device="cpu", threads=1, batch_size=4)
+    r = _Rollouts(ac, tok, str(tiny_llama), p, cfg, greedy, ("decor_planner",), tiny_llama / "adapters",
+                  {"decor_summarizer": None})
+    team = r.team(0)
+    msgs = [[{"role": "user", "content": "Summarize: Beta City is the capital of Gamma."}]]
+    frozen = team.engine("decor_summarizer").generate(msgs, greedy["default"])[0][0].text
+    base = load_engine(str(tiny_llama), cfg).generate(msgs, greedy["default"])[0][0].text
+    policy = r.engine.generate(msgs, greedy["default"])[0][0].text
+    assert frozen == base and policy != base
+    assert team.sampling_for("decor_summarizer").temperature == 0.0   # its own settings, not the rollout's T = 1
