@@ -25,7 +25,11 @@ from the same instruct model). With several processes (`accelerate launch`), eac
 the questions and gradients are averaged by accelerate's data-parallel wrapper.
 
 A system plugs in through `JointSystem` (which workflow to roll out, which reward annotates): see
-`ragteam.train.systems`.
+`ragteam.train.systems`. Two choices of the system generalise the loop beyond one-sample-per-call PPO (QAgent's
+multi-turn GRPO uses both): `samples` tokenises its episodes itself (one sample = one whole trajectory whose
+`Sample.mask` zeroes the environment's tokens), and `advantage="group"` replaces steps 4-5's critic and GAE with
+group-normalised rewards (`ragteam.train.advantages.group_normalized` over `Sample.group`; no value head is
+trained and no value loss is added).
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ class PPOParams(Strict):
     actor_lr: float = Field(gt=0)
     critic_lr: float = Field(gt=0)                    # value head (+ the separate critic's backbone)
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)               # linear warm-up: step s < warmup uses (s+1)/warmup of the lr
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
     gae_scope: Literal["episode", "call"] = "episode"  # bootstrap across an episode's calls, or within each call
@@ -72,7 +77,7 @@ class PPOParams(Strict):
     clip_eps: float = Field(0.2, gt=0)                # ε (eps_low)
     clip_eps_high: float | None = Field(None, gt=0)   # None: = clip_eps (symmetric PPO)
     ratio_level: Literal["token", "sequence"] = "token"
-    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "group_token_mean"] = "token_mean"  # pg.aggregate
     value_clip: float | None = Field(0.2, gt=0)       # None: unclipped value loss
     vf_coef: float = Field(0.5, ge=0)
     kl_coef: float = Field(0.0, ge=0)                 # 0: no reference model is loaded (M-ASK/JADE code: no KL)
@@ -108,6 +113,8 @@ class JointSystem:
     rollout: Callable[[Sequence[dict], Team], list[Episode]]   # questions -> Episodes (training mode)
     annotate: Callable[[list[Episode]], list[Episode]]         # fills AgentCall.reward on every call
     describe: dict[str, Any]                                   # what goes into the fingerprint and the card
+    advantage: Literal["gae", "group"] = "gae"                 # GAE with a critic | group-normalised, no critic
+    samples: Callable[[Any, Sequence[Episode]], list[Sample]] | None = None  # (tokenizer, episodes); None: per call
 
 
 class TrainingDiverged(ValueError):
@@ -124,12 +131,19 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     reward: float
+    group: Any = None            # advantage="group": samples of one group are normalised together
+    mask: list[int] | None = None  # loss mask over response_ids (0 = injected by the environment); None: all 1
     # filled by the no-grad pass and GAE (one value per response token)
     old_logp: Any = None
     ref_logp: Any = None
     values: Any = None
     advantages: Any = None
     returns: Any = None
+
+
+def loss_tokens(s: Sample) -> int:
+    """How many of a sample's response tokens the loss counts."""
+    return len(s.response_ids) if s.mask is None else sum(s.mask)
 
 
 def tokenize_call(tok, call: AgentCall) -> tuple[list[int], list[int]]:
@@ -236,7 +250,7 @@ def _collate(samples: Sequence[Sample], pad_id: int, device: str):
         n, lp = len(s.response_ids), len(s.prompt_ids)
         pos[b, :n] = torch.arange(lp - 1, lp - 1 + n)
         tgt[b, :n] = torch.tensor(s.response_ids)
-        mask[b, :n] = 1
+        mask[b, :n] = 1 if s.mask is None else torch.tensor(s.mask, dtype=mask.dtype)
     return ids.to(device), att.to(device), pos.to(device), tgt.to(device), mask.to(device)
 
 
@@ -322,12 +336,16 @@ class _Rollouts:
 
 # ---- the loop ------------------------------------------------------------------------------------------------
 
-def _schedule(name: str, steps: int) -> Callable[[int], float]:
+def _schedule(name: str, steps: int, warmup: int = 0) -> Callable[[int], float]:
+    """The lr factor at (0-based) step s: linear warm-up over `warmup` steps, then `name` over the rest."""
+    rest = max(steps - warmup, 1)
     if name == "constant":
-        return lambda s: 1.0
-    if name == "linear":
-        return lambda s: max(0.0, 1.0 - s / steps)
-    return lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, steps) / steps))
+        after = lambda s: 1.0  # noqa: E731
+    elif name == "linear":
+        after = lambda s: max(0.0, 1.0 - s / rest)  # noqa: E731
+    else:
+        after = lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, rest) / rest))  # noqa: E731
+    return lambda s: (s + 1) / warmup if s < warmup else after(s - warmup)
 
 
 def _questions(rows: Sequence[dict], step: int, n: int, seed: int) -> list[dict]:
@@ -346,18 +364,22 @@ def single_pass(p: PPOParams, n_samples: int) -> bool:
 
 def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int, device: str, step: int = 0, *,
                ref_available: bool = False, backward: Callable | None = None, clip: Callable | None = None,
-               ckpt_dir: Path | None = None, name: str = "joint", first_pass: list | None = None
-               ) -> dict[str, list[float]]:
+               ckpt_dir: Path | None = None, name: str = "joint", first_pass: list | None = None,
+               critic: bool = True) -> dict[str, list[float]]:
     """`ppo_epochs` passes over role-mixed minibatches of `minibatch_size` samples (accumulated over micro-batches),
     one optimiser step per minibatch: clipped policy loss + vf_coef · value loss (+ kl_coef · KL to the reference).
     The samples carry old log-probs, values, advantages and returns. Returns the per-micro-batch statistics.
 
     `first_pass` (the on-policy single pass, see `single_pass`): the (log-probs, values) of every micro-batch in
     sample order, computed with gradients when the old log-probs were taken; they are used instead of a second
-    forward pass. Same update: before the first optimiser step π_θ = π_old, so ratio = 1 and nothing is clipped."""
+    forward pass. Same update: before the first optimiser step π_θ = π_old, so ratio = 1 and nothing is clipped.
+
+    `critic=False` (group-normalised advantages): no value loss. `loss_agg="group_token_mean"` (QAgent Eq. 3): each
+    token weighs 1 / (groups in the minibatch × its group's loss tokens in the minibatch), policy and KL terms alike,
+    so the summed micro-batch losses are the minibatch's mean over groups of each group's token-summed loss."""
     import torch
 
-    from ragteam.train.pg import kl_k3, policy_loss, value_loss
+    from ragteam.train.pg import aggregate, group_token_weights, kl_k3, policy_loss, value_loss
 
     backward = backward or (lambda loss: loss.backward())
     clip = clip or torch.nn.utils.clip_grad_norm_
@@ -371,24 +393,33 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
             rng.shuffle(order)
         for m0 in range(0, len(order), p.minibatch_size):
             mb = [samples[i] for i in order[m0:m0 + p.minibatch_size]]
-            n_tok = sum(len(s.response_ids) for s in mb)
+            n_tok = sum(loss_tokens(s) for s in mb)
+            by_group = p.loss_agg == "group_token_mean"
+            row_w = group_token_weights([loss_tokens(s) for s in mb], [s.group for s in mb]) if by_group else None
+            mb_policy = 0.0
             opt.zero_grad(set_to_none=True)
             for u0 in range(0, len(mb), p.micro_batch_size):
                 micro = mb[u0:u0 + p.micro_batch_size]
                 batch = _collate(micro, pad_id, device)
                 mask, rlen = batch[4], batch[4].shape[1]
+                tw = (torch.tensor(row_w[u0:u0 + len(micro)], device=device)[:, None].expand_as(mask)
+                      if by_group else None)
                 logp, v = first_pass[u0 // p.micro_batch_size] if first_pass else model(*batch[:4], p.temperature)
                 old_logp = _stack([s.old_logp for s in micro], rlen, device)
                 adv = _stack([s.advantages for s in micro], rlen, device)
-                ret = _stack([s.returns for s in micro], rlen, device)
-                old_v = _stack([s.values for s in micro], rlen, device)
                 pl, pst = policy_loss(logp, old_logp, adv, mask, eps_low=p.clip_eps, eps_high=p.clip_eps_high,
-                                      ratio_level=p.ratio_level, agg=p.loss_agg)
-                vl, vst = value_loss(v, old_v, ret, mask, p.value_clip, p.loss_agg)
-                loss = pl + p.vf_coef * vl
+                                      ratio_level=p.ratio_level, agg=p.loss_agg, token_weights=tw)
+                if critic:
+                    ret = _stack([s.returns for s in micro], rlen, device)
+                    old_v = _stack([s.values for s in micro], rlen, device)
+                    vl, vst = value_loss(v, old_v, ret, mask, p.value_clip, p.loss_agg)
+                    loss = pl + p.vf_coef * vl
+                else:
+                    vl, vst, loss = torch.zeros(()), {}, pl
                 if p.kl_coef > 0 and ref_available:
                     kl = kl_k3(logp, _stack([s.ref_logp for s in micro], rlen, device))
-                    kl_mean = (kl * mask).sum() / mask.sum().clamp(min=1)
+                    kl_mean = (aggregate(kl, mask, p.loss_agg, tw) if by_group
+                               else (kl * mask).sum() / mask.sum().clamp(min=1))
                     loss = loss + p.kl_coef * kl_mean
                     stats["kl_ref"].append(float(kl_mean.detach()))
                 if not torch.isfinite(loss):
@@ -398,13 +429,23 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                         f"{float(vl.detach())}); "
                         f"training stopped, the last good checkpoint "
                         f"{'checkpoint-' + str(last[-1]) if last else '(none yet)'} in {ckpt_dir} is kept")
-                weight = (sum(len(s.response_ids) for s in micro) / n_tok if p.loss_agg == "token_mean"
-                          else len(micro) / len(mb))
+                if by_group:       # already normalised over the minibatch (the token weights)
+                    weight = 1.0
+                elif p.loss_agg == "token_mean":
+                    weight = sum(loss_tokens(s) for s in micro) / max(n_tok, 1)
+                else:
+                    weight = len(micro) / len(mb)
                 backward(loss * weight)
-                stats["policy_loss"].append(float(pl.detach()))
-                stats["value_loss"].append(float(vl.detach()))
+                if by_group:       # a micro-batch holds a share of the sum: log the minibatch's whole loss
+                    mb_policy += float(pl.detach())
+                else:
+                    stats["policy_loss"].append(float(pl.detach()))
+                if critic:
+                    stats["value_loss"].append(float(vl.detach()))
                 for k, x in {**pst, **vst}.items():
                     stats[k].append(x)
+            if by_group:
+                stats["policy_loss"].append(mb_policy)
             stats["grad_norm"].append(float(clip(trainable, p.max_grad_norm)))
             opt.step()
     return stats
@@ -423,14 +464,18 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from ragteam.train.advantages import episode_gae
-    from ragteam.train.pg import explained_variance, masked_whiten
+    from ragteam.train.pg import explained_variance
 
     if not rows:
         raise ValueError("train_joint_ppo: no training questions")
     bad = [r.get("id") for r in rows if not r.get("golden_answers")]
     if bad:
         raise ValueError(f"train_joint_ppo: {len(bad)} training question(s) without golden answers, e.g. {bad[:3]}")
+    if p.loss_agg == "group_token_mean" and system.advantage != "group":
+        raise ValueError(f"{system.name}: loss_agg group_token_mean needs a system with group advantages")
+    critic = system.advantage == "gae"
+    if not critic:       # group-normalised advantages need no critic: never load a second backbone for one
+        p = p.model_copy(update={"critic": "shared_backbone"})
     ckpt_dir = Path(ckpt_dir)
     fp = fingerprint(kind="joint_ppo", system=system.name, params=p.model_dump(), model=model_identity(model_path),
                      data=[[r["id"], r["question"], r["golden_answers"]] for r in rows], tag=run_tag or {},
@@ -461,7 +506,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     critic_params = [t for t in ac.parameters() if t.requires_grad and id(t) in critic_ids]
     opt = torch.optim.AdamW([{"params": actor_params, "lr": p.actor_lr}, {"params": critic_params, "lr": p.critic_lr}],
                             betas=(0.9, 0.999), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(p.lr_scheduler, p.steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(p.lr_scheduler, p.steps, p.warmup_steps))
     step, history = 0, []
     if resume:
         step, history = _load_checkpoint(Path(resume), ac, opt, sched)
@@ -489,7 +534,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         episodes = system.annotate(system.rollout(qs, rollouts.team(step)))
         t_rollout = time.perf_counter() - t0
         # 3. samples
-        samples = episode_samples(tok, episodes)
+        samples = (system.samples or episode_samples)(tok, episodes)
         # 4. old log-probs, values (and reference log-probs). With one PPO epoch over one minibatch the update is
         #    on-policy: this pass keeps its gradients and the update reuses it (one forward pass instead of two)
         single = single_pass(p, len(samples))
@@ -508,33 +553,22 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                     n = len(s.response_ids)
                     s.old_logp, s.values = logp[b, :n].detach().cpu(), v[b, :n].detach().cpu()
                     s.ref_logp = rl[b, :n].cpu() if rl is not None else None
-        # 5. GAE over each episode's flattened calls (in call order), then whitening over the batch
-        by_ep: dict[int, list[Sample]] = defaultdict(list)
-        for s in samples:
-            by_ep[s.episode].append(s)
-        for ss in by_ep.values():
-            for s, (a, r) in zip(ss, episode_gae([s.reward for s in ss], [s.values for s in ss], p.gamma, p.lam,
-                                                 p.gae_scope)):
-                s.advantages, s.returns = a, r
-        if p.normalize_advantages:
-            flat = torch.cat([s.advantages for s in samples])
-            flat = masked_whiten(flat, torch.ones_like(flat))
-            pos = 0
-            for s in samples:
-                s.advantages = flat[pos:pos + len(s.response_ids)]
-                pos += len(s.response_ids)
+        # 5. advantages: GAE (+ whitening), or group-normalised rewards
+        fill_advantages(samples, system.advantage, p)
         # 6. PPO epochs over role-mixed minibatches
         stats = ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
                            backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
-                           first_pass=first_pass)
+                           first_pass=first_pass, critic=critic)
         sched.step()
         step += 1
         # 7. log and checkpoint
-        entry = _step_log(step, episodes, samples, stats, explained_variance, sched.get_last_lr()[0])
+        entry = _step_log(step, episodes, samples, stats, explained_variance if critic else None,
+                          sched.get_last_lr()[0])
         entry.update(step_seconds=time.perf_counter() - t0, rollout_seconds=t_rollout)
         history.append(entry)
-        log.info("step %d/%d reward %.3f f1 %.3f value_loss %.4f (%.1fs)", step, p.steps, entry["reward"],
-                 entry["episode_f1"], entry["value_loss"], entry["step_seconds"])
+        log.info("step %d/%d reward %.3f f1 %.3f policy_loss %.4f value_loss %.4f (%.1fs)", step, p.steps,
+                 entry["reward"], entry["episode_f1"], entry.get("policy_loss", float("nan")),
+                 entry.get("value_loss", float("nan")), entry["step_seconds"])
         if on_step is not None:
             on_step(step, entry)
         if accel.is_main_process and (step % p.save_steps == 0 or step == p.steps):
@@ -548,6 +582,38 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                        extra={"fingerprint": fp, "value_head": ac.value_head.state_dict()})
 
 
+def fill_advantages(samples: Sequence[Sample], estimator: Literal["gae", "group"], p: PPOParams) -> None:
+    """Step 5. gae: over each episode's flattened calls (in call order), every call's reward on its last response
+    token, then (normalize_advantages) whitening over the batch; group: (r - mean) / std within each `Sample.group`
+    on every response token (the mask decides which count), returns 0 (no critic to fit)."""
+    import torch
+
+    from ragteam.train.advantages import episode_gae, group_normalized
+    from ragteam.train.pg import masked_whiten
+
+    if estimator == "group":
+        if any(s.group is None for s in samples):
+            raise ValueError("group advantages: every sample needs a group id (Sample.group)")
+        for s, a in zip(samples, group_normalized([s.reward for s in samples], [s.group for s in samples])):
+            s.advantages = torch.full((len(s.response_ids),), float(a))
+            s.returns = torch.zeros(len(s.response_ids))
+        return
+    by_ep: dict[int, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_ep[s.episode].append(s)
+    for ss in by_ep.values():
+        for s, (a, r) in zip(ss, episode_gae([s.reward for s in ss], [s.values for s in ss], p.gamma, p.lam,
+                                             p.gae_scope)):
+            s.advantages, s.returns = a, r
+    if p.normalize_advantages:
+        flat = torch.cat([s.advantages for s in samples])
+        flat = masked_whiten(flat, torch.ones_like(flat))
+        pos = 0
+        for s in samples:
+            s.advantages = flat[pos:pos + len(s.response_ids)]
+            pos += len(s.response_ids)
+
+
 def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample], stats: dict[str, list[float]],
               explained_variance, lr: float) -> dict[str, float]:
     """One history entry: rewards (all calls and per role), episode F1, losses, explained variance, clip fraction,
@@ -559,7 +625,7 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
     entry: dict[str, float] = {"step": step, "lr": lr}
     entry["reward"] = mean([s.reward for s in samples])
     entry["episode_f1"] = mean([f1_score(ep.final_answer or "", ep.golden_answers) for ep in episodes])
-    entry["response_tokens"] = mean([len(s.response_ids) for s in samples])
+    entry["response_tokens"] = mean([loss_tokens(s) for s in samples])     # tokens the loss counts
     entry["format_error_rate"] = mean([c.format_error is not None for c in calls])
     entry["calls_per_episode"] = len(calls) / max(len(episodes), 1)
     entry["turns"] = mean([float(ep.meta.get("workflow", {}).get("turns", 0)) for ep in episodes])
@@ -569,13 +635,17 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
         by_role[s.role].append(s)
     for role, ss in sorted(by_role.items()):
         entry[f"reward/{role}"] = mean([s.reward for s in ss])
-        entry[f"response_tokens/{role}"] = mean([len(s.response_ids) for s in ss])
+        entry[f"response_tokens/{role}"] = mean([loss_tokens(s) for s in ss])
         entry[f"format_error_rate/{role}"] = mean([episodes[s.episode].calls[s.call].format_error is not None
                                                    for s in ss])
-    values = torch.cat([s.values for s in samples])
-    returns = torch.cat([s.returns for s in samples])
-    entry["explained_variance"] = explained_variance(values, returns, torch.ones_like(values))
-    entry["value_mean"] = float(values.mean())
+    if explained_variance is not None:      # None: no critic (group advantages)
+        values = torch.cat([s.values for s in samples])
+        returns = torch.cat([s.returns for s in samples])
+        entry["explained_variance"] = explained_variance(values, returns, torch.ones_like(values))
+        entry["value_mean"] = float(values.mean())
+    else:                                   # groups with one reward for all: no learning signal
+        entry["zero_advantage"] = mean([float(abs(float(s.advantages[0])) < 1e-8) if len(s.advantages) else 1.0
+                                        for s in samples])
     for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm",
               "ratio_mean"):
         if stats.get(k):
