@@ -13,7 +13,8 @@ PROFILE_DIR = Path("profiles")
 # Mappings whose entries the user names (report rows, agent roles): an overlay may add entries there, e.g. the
 # Table 3 rows of profiles/table3.yaml; and each joint system's overrides of joint.ppo (empty by default, their keys
 # checked against PPOParams by stages.train_joint.load_joint). Everywhere else a key the base lacks is a typo.
-OPEN_MAPPINGS = ("eval.systems", "llm.sampling", "joint.mask.ppo", "joint.jade.ppo", "joint.decor.ppo")
+OPEN_MAPPINGS = ("eval.systems", "llm.sampling", "joint.mask.ppo", "joint.jade.ppo", "joint.decor.ppo",
+                 "joint.qagent.ppo")
 
 
 def load_profile(name: str, directory: Path = PROFILE_DIR) -> dict:

@@ -2,8 +2,8 @@
 system (PPO with a critic for M-ASK; DECOR's per-role group advantages, no critic).
 
 Usage: python -m stages.train_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Reads `joint.ppo` (shared
-PPO settings), `joint.<system>` (training questions, per-system PPO overrides) and the system's own inference
-section (e.g. `mask`). Writes models/agents/<system> (LoRA merged, safetensors + model card),
+PPO settings), `joint.<system>` (training questions, per-system PPO overrides, and for QAgent its training params)
+and the system's own inference section (e.g. `mask`). QAgent trains in two stages (`run_qagent`). Writes models/agents/<system> (LoRA merged, safetensors + model card),
 reports/training/train_joint_<system>.csv (+ PNG) and metrics/train_joint_<system>.json. Checkpoints live in
 checkpoints/train_joint_<system> (not a DVC out): a killed run, rerun, resumes from the last one.
 """
@@ -22,6 +22,7 @@ from ragteam.io import DataError
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import collapsed
 from ragteam.train.ppo import PPOParams, train_joint_ppo
+from ragteam.train.qagent import QAgentTrainParams
 from stages.common import CHECKPOINTS, finish_agent, stage_main
 
 POOL = Path("data/prepared/train/pool.jsonl")
@@ -43,6 +44,7 @@ class JointParams(Strict):
     mask: JointSystemParams = JointSystemParams()
     jade: JointSystemParams = JointSystemParams()
     decor: JointSystemParams = JointSystemParams()
+    qagent: QAgentTrainParams = QAgentTrainParams()   # JointSystemParams' fields + QAgent's two-stage GRPO
 
 
 def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams]:
@@ -78,6 +80,8 @@ def run(system_name: str, params: dict) -> dict:
     from ragteam.retrieval import open_retriever
     from ragteam.train.systems import REWARD_TEXT, build_system
 
+    if system_name == "qagent":
+        return run_qagent(params)
     ppo, jp, sp = load_joint(params, system_name)
     llm = parse_section(params, "llm", LLMConfig)
     if not POOL.is_file():
@@ -123,6 +127,71 @@ def run(system_name: str, params: dict) -> dict:
                        f"{ppo.ratio_level}, ε {ppo.clip_eps} / {ppo.clip_eps_high or ppo.clip_eps}). ")
                + f"`collapsed` flags "
                f"episode F1 and response length both falling below {1 - ppo.collapse_drop:.0%} of their best window."))
+
+
+QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), "zero_advantage", "policy_loss",
+                 ("KL", ["approx_kl", "kl_ref"]), "response_tokens", "format_error_rate",
+                 ("turns, searches", ["turns", "searches"])]
+
+
+def run_qagent(params: dict) -> dict:
+    """train_joint@qagent: stage 1 (Eq. 7) then stage 2 (Eq. 8-10) from the stage-1 model, each a run of the
+    joint loop with QAgent's adapter (`ragteam.train.qagent`); the stage-2 reward's frozen generator G is
+    `joint.qagent.generator` (null: llm.model) with llm.sampling.answer_agent, loaded only for stage 2."""
+    from ragteam.llm import EnginePool, Team
+    from ragteam.retrieval import open_retriever
+    from ragteam.train.qagent import stage_ppo, train_qagent
+    from ragteam.train.systems import REWARD_TEXT, qagent_system
+
+    stage = "train_joint_qagent"
+    ppo, jp, tp = load_joint(params, "qagent")
+    llm = parse_section(params, "llm", LLMConfig)
+    per_stage = {s: stage_ppo(ppo, tp, s) for s in tp.stages}
+    if not POOL.is_file():
+        raise DataError(f"{POOL}: missing (training questions); run stage prepare_data first (dvc repro)")
+    rows = load_qa(POOL)
+    rows = rows[: tp.max_questions] if tp.max_questions else rows
+    retriever = open_retriever(jp.retriever)
+    generator_model = tp.generator or llm.model
+    pool = EnginePool(llm)
+    generator = Team(lambda role: pool.get(generator_model), dict(llm.sampling))
+    systems = {s: (lambda s=s: qagent_system(params, retriever, s, generator if s == "stage2" else None))
+               for s in tp.stages}
+    print(f"{stage}: {' then '.join(f'{s} {per_stage[s].steps} steps' for s in tp.stages)}, each "
+          f"{ppo.questions_per_step} questions x G {tp.group_size} of {len(rows)}, LoRA {ppo.lora.enabled}, "
+          f"generator {generator_model}, on {llm.backend}/{llm.device}", flush=True)
+    result, curve = train_qagent(
+        systems, rows, llm.model, CHECKPOINTS / stage, per_stage, llm, dict(llm.sampling),
+        run_tag={"retriever": jp.retriever, "max_questions": tp.max_questions, "generator": generator_model},
+        on_step=lambda s, step, e: print(
+            f"{stage}: {s} step {step}/{per_stage[s].steps} reward {e['reward']:.3f} episode F1 "
+            f"{e['episode_f1']:.3f} zero-advantage {e.get('zero_advantage', 0):.2f} format errors "
+            f"{e['format_error_rate']:.2f} tokens {e['response_tokens']:.0f} ({e['step_seconds']:.1f} s, rollout "
+            f"{e['rollout_seconds']:.1f} s)", flush=True))
+    extra: dict[str, Any] = {"questions": len(rows)}
+    for s in tp.stages:
+        rs = [r for r in curve if r["stage"] == s]
+        for col in ("reward", "episode_f1", "format_error_rate", "response_tokens", "zero_advantage", "turns",
+                    "searches"):
+            ys = [r[col] for r in rs if col in r and r[col] == r[col]]
+            if ys:
+                q = max(len(ys) // 4, 1)
+                extra[f"{s}/{col}_first"] = round(sum(ys[:q]) / q, 4)
+                extra[f"{s}/{col}_last"] = round(sum(ys[-q:]) / q, 4)
+        extra[f"{s}_seconds"] = round(sum(r.get("step_seconds", 0.0) for r in rs), 1)
+    return finish_agent(
+        result, curve, stage=stage, agent="qagent", base_model=llm.model,
+        backend=f"ragteam joint loop, multi-turn GRPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
+        params={"joint.qagent": tp.model_dump(), **{f"joint.ppo ({s})": per_stage[s].model_dump() for s in tp.stages},
+                "qagent": dict(params.get("qagent") or {}),
+                "retriever": jp.retriever, "generator": generator_model},
+        reward=REWARD_TEXT["qagent"], extra_metrics=extra, panels=QAGENT_PANELS,
+        title=f"qagent: multi-turn GRPO, {' + '.join(f'{per_stage[s].steps} ({s})' for s in tp.stages)} steps x "
+              f"{ppo.questions_per_step} questions x G {tp.group_size}",
+        notes=(f"One sample per trajectory (G = {tp.group_size} per question), advantage (R - mean) / std over the "
+               f"group, no critic; <information> and retry tokens masked out of the loss; loss normalised by each "
+               f"group's total generated tokens (Eq. 3); k3 KL β = {ppo.kl_coef} to the stage's start model. "
+               f"Stage 2 starts from the stage-1 model."))
 
 
 def main() -> None:

@@ -227,9 +227,7 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
 def test_dvc_stage_declares_what_the_stage_reads_and_writes():
     st = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["evaluate"]
     assert st["cmd"] == "python -m stages.evaluate"
-    assert set(st["params"]) == {"llm", "maps", "eval", "jade", "decor", "mask", "qagent.max_turns",
-                                 "qagent.max_queries", "qagent.top_k", "qagent.passage_words",
-                                 "qagent.retry_prompt"}  # not qagent.train
+    assert set(st["params"]) == {"llm", "maps", "eval", "jade", "decor", "mask", "qagent"}  # training: joint.qagent
     deps = set(st["deps"])
     assert {"stages/evaluate.py", "ragteam/agents", "ragteam/llm", "ragteam/eval", "ragteam/rewards",
             "models/llm"} <= deps

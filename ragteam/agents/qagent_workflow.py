@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
 
 from pydantic import Field
 
@@ -43,29 +42,6 @@ ROLE = "qagent"                 # the search agent
 GENERATOR_ROLE = "answer_agent"  # the frozen generator G of the plug-in mode and of the stage-2 reward
 
 
-class QAgentTrainConfig(Strict):
-    """`qagent.train`: multi-turn GRPO of the agent (stage train_joint@qagent, on the project's policy-gradient
-    core). Stage 1 rewards Eq. 7, stage 2 (started from the stage-1 model) Eq. 10; see profiles/paper.yaml for
-    the paper's values and which of them the paper does not state."""
-
-    stages: list[Literal["stage1", "stage2"]] = Field(default_factory=lambda: ["stage1", "stage2"], min_length=1)
-    group_size: int = Field(5, ge=2)              # G rollouts per question (group-normalised advantage)
-    prompts_per_step: int = Field(2, ge=1)        # questions per update step
-    stage1_steps: int = Field(8, ge=1)
-    stage2_steps: int = Field(8, ge=1)
-    lr: float = Field(1e-6, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    kl_beta: float = Field(0.001, ge=0)
-    clip_eps: float = Field(0.2, gt=0)
-    temperature: float = Field(1.0, gt=0)         # rollout sampling
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(512, ge=1)        # per turn (App. C "max response length")
-    max_seq_len: int = Field(8192, ge=1)          # prompt + whole trajectory
-    hit_weight: float = Field(0.5, ge=0)          # Eq. 10: R = EM(A*, Ã) + 0.5·Hit
-    generator: str | None = None                  # frozen stage-2 generator checkpoint; null = llm.model
-    seed: int = 0
-
-
 class QAgentConfig(Strict):
     """The `qagent` section of params.yaml."""
 
@@ -74,7 +50,7 @@ class QAgentConfig(Strict):
     top_k: int = Field(1, ge=1)                   # passages per query (paper: 1 for iterative methods)
     passage_words: int | None = Field(None, ge=1)  # clip passages in <information> and for G (None: whole)
     retry_prompt: str | None = None               # Algorithm 1's prompt_rethink; None: qagent.PROMPT_RETHINK
-    train: QAgentTrainConfig = QAgentTrainConfig()
+    # training (train_joint@qagent) reads joint.qagent: ragteam.train.qagent.QAgentTrainParams
 
     @property
     def retry_text(self) -> str:

@@ -9,6 +9,8 @@
 - `maps`: the MAPS recipes (two-stage answer agent, ΔF1 query reward);
 - `ppo.train_joint_ppo`: joint multi-agent PPO of one shared policy over every role of a system (M-ASK; `systems`
   registers them), on one policy-gradient core (`pg`) and pluggable advantage estimators (`advantages`);
+- `qagent.train_qagent`: QAgent's two-stage multi-turn GRPO as a system of that loop (one sample per trajectory,
+  injected tokens masked, group advantages, Eq. 3 loss);
 - `openrlhf`: datasets, reward-function file and Ray / DeepSpeed commands for a GPU cluster;
 - `checkpoints`, `curves`, `model_card`: resume, the saved agent, DVC plots and the model card.
 Heavy imports (torch, transformers, trl, peft) happen inside the functions that need them.

@@ -5,7 +5,8 @@ What differs between systems is the advantage (`ragteam.train.advantages`) and a
 - M-ASK / JADE (PPO): per-token GAE advantages, `ratio_level="token"`, eps_low = eps_high, value loss with clipping;
 - DECOR: per-role group-normalised advantages broadcast to tokens, `ratio_level="sequence"`, clip-higher
   (eps_high > eps_low);
-- QAgent: group-normalised advantages with injected retrieval tokens masked out (mask 0).
+- QAgent: group-normalised advantages with injected retrieval tokens masked out (mask 0), the loss normalised by
+  each group's total tokens (`agg="group_token_mean"`, QAgent Eq. 3, weights from `group_token_weights`).
 
     ratio_t   = exp(log π_θ(u_t|o_t) - log π_old(u_t|o_t))          token level, or per sequence:
     ratio_seq = exp(mean_t over the sequence's tokens of the same log-ratio)   (sequence level, length-normalised)
@@ -15,12 +16,13 @@ What differs between systems is the advantage (`ragteam.train.advantages`) and a
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
 import torch
 
 RatioLevel = Literal["token", "sequence"]
-Aggregation = Literal["token_mean", "seq_mean_token_mean"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "group_token_mean"]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -34,9 +36,27 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation = "token_mean") -> torch.Tensor:
+def group_token_weights(n_tokens: Sequence[int], groups: Sequence[Hashable]) -> list[float]:
+    """Per-sample token weight of QAgent's Eq. 3, J = E_q[(1/Σ_i|y_i|) Σ_i Σ_t ...]: 1 / (number of groups × the
+    total loss tokens of the sample's group), so Σ over all tokens of weight · loss is the mean over groups of each
+    group's token-summed loss divided by its token count (a group without loss tokens gets weight 0)."""
+    if len(n_tokens) != len(groups):
+        raise ValueError(f"group_token_weights: {len(n_tokens)} token counts for {len(groups)} group ids")
+    total: dict[Hashable, int] = {}
+    for n, g in zip(n_tokens, groups):
+        total[g] = total.get(g, 0) + int(n)
+    return [1.0 / (len(total) * total[g]) if total[g] else 0.0 for g in groups]
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation = "token_mean",
+              token_weights: torch.Tensor | None = None) -> torch.Tensor:
     """token_mean: every token of the batch weighs the same; seq_mean_token_mean: the mean over each sequence's
-    tokens, then over sequences (each sample weighs the same)."""
+    tokens, then over sequences (each sample weighs the same); group_token_mean: Σ token_weights · loss over the
+    masked tokens, the weights from `group_token_weights` (each group weighs the same, each token within it too)."""
+    if how == "group_token_mean":
+        if token_weights is None:
+            raise ValueError("aggregate: group_token_mean needs token_weights (see group_token_weights)")
+        return (per_token * mask * token_weights).sum()
     if how == "token_mean":
         return masked_mean(per_token, mask)
     per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
@@ -56,14 +76,16 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 eps_low: float = 0.2, eps_high: float | None = None, ratio_level: RatioLevel = "token",
-                agg: Aggregation = "token_mean") -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate (PPO Eq. 7, M-ASK Eq. 4) as a loss to minimise; stats: clip fraction, approx. KL."""
+                agg: Aggregation = "token_mean", token_weights: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped surrogate (PPO Eq. 7, M-ASK Eq. 4, QAgent Eq. 3) as a loss to minimise; stats: clip fraction,
+    approx. KL. `token_weights`: for agg="group_token_mean"."""
     eps_high = eps_low if eps_high is None else eps_high
     ratio = torch.exp(log_ratio(logp, old_logp, mask, ratio_level))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
-    loss = aggregate(per_token, mask, agg)
+    loss = aggregate(per_token, mask, agg, token_weights)
     with torch.no_grad():
         d = (old_logp - logp) * mask
         stats = {"clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),

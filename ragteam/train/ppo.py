@@ -29,7 +29,11 @@ from the same instruct model). With several processes (`accelerate launch`), eac
 the questions and gradients are averaged by accelerate's data-parallel wrapper.
 
 A system plugs in through `JointSystem` (which workflow to roll out, which reward annotates, optionally which
-advantage estimator, which episodes train, which roles stay frozen): see `ragteam.train.systems`.
+advantage estimator, which episodes train, which roles stay frozen): see `ragteam.train.systems`. The estimator is
+the part that differs per system: GAE with a critic (M-ASK, JADE; the default), `"group"` (QAgent's multi-turn
+GRPO: `ragteam.train.advantages.group_normalized` over `Sample.group`, no critic) or a function of the episodes
+(DECOR's Eq. 6). `samples` lets a system tokenise its episodes itself (QAgent: one sample = one whole trajectory
+whose `Sample.mask` zeroes the environment's tokens); by default every call of a trained role is one sample.
 """
 from __future__ import annotations
 
@@ -73,6 +77,7 @@ class PPOParams(Strict):
                                                       # critic-free systems (DECOR)
     adam_betas: tuple[float, float] = (0.9, 0.999)   # AdamW (β1, β2) of every parameter group (DECOR: β2 0.95)
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)               # linear warm-up: step s < warmup uses (s+1)/warmup of the lr
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
     gae_scope: Literal["episode", "call"] = "episode"  # bootstrap across an episode's calls, or within each call
@@ -80,7 +85,7 @@ class PPOParams(Strict):
     clip_eps: float = Field(0.2, gt=0)                # ε (eps_low)
     clip_eps_high: float | None = Field(None, gt=0)   # None: = clip_eps (symmetric PPO)
     ratio_level: Literal["token", "sequence"] = "token"
-    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "group_token_mean"] = "token_mean"  # pg.aggregate
     value_clip: float | None = Field(0.2, gt=0)       # None: unclipped value loss
     vf_coef: float = Field(0.5, ge=0)
     kl_coef: float = Field(0.0, ge=0)                 # 0: no reference model is loaded (M-ASK/JADE code: no KL)
@@ -123,9 +128,12 @@ class JointSystem:
     annotate: Callable[[list[Episode]], list[Episode]]         # fills AgentCall.reward on every trained call
     describe: dict[str, Any]                                   # what goes into the fingerprint and the card
     stats: Mapping[str, Callable[[Episode], float]] = field(default_factory=dict)
-    # None: GAE with the critic (M-ASK, JADE). Else episodes -> one advantage per call (aligned with
-    # Episode.calls; None for a call that does not train), broadcast to the call's tokens; no critic is built
-    advantage: Callable[[list[Episode]], list[list[float | None]]] | None = None
+    # None: GAE with the critic (M-ASK, JADE). "group": (r - mean) / std within each Sample.group (QAgent), no
+    # critic. A function: episodes -> one advantage per call (aligned with Episode.calls; None for a call that
+    # does not train), broadcast to the call's tokens (DECOR Eq. 6); no critic is built
+    advantage: Callable[[list[Episode]], list[list[float | None]]] | Literal["group"] | None = None
+    # (tokenizer, episodes) -> samples; None: one sample per call of a trained role
+    samples: Callable[[Any, Sequence[Episode]], list[Sample]] | None = None
     # which rewarded episodes train this step (DECOR's dynamic sampling); None: all
     select: Callable[[list[Episode]], list[Episode]] | None = None
     # helper roles that are never trained: role -> checkpoint, None = the base model of the policy (its LoRA
@@ -153,12 +161,19 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     reward: float
+    group: Any = None            # advantage="group": samples of one group are normalised together
+    mask: list[int] | None = None  # loss mask over response_ids (0 = injected by the environment); None: all 1
     # filled by the no-grad pass and GAE (one value per response token)
     old_logp: Any = None
     ref_logp: Any = None
     values: Any = None
     advantages: Any = None
     returns: Any = None
+
+
+def loss_tokens(s: Sample) -> int:
+    """How many of a sample's response tokens the loss counts."""
+    return len(s.response_ids) if s.mask is None else sum(s.mask)
 
 
 def tokenize_call(tok, call: AgentCall) -> tuple[list[int], list[int]]:
@@ -270,7 +285,7 @@ def _collate(samples: Sequence[Sample], pad_id: int, device: str):
         n, lp = len(s.response_ids), len(s.prompt_ids)
         pos[b, :n] = torch.arange(lp - 1, lp - 1 + n)
         tgt[b, :n] = torch.tensor(s.response_ids)
-        mask[b, :n] = 1
+        mask[b, :n] = 1 if s.mask is None else torch.tensor(s.mask, dtype=mask.dtype)
     return ids.to(device), att.to(device), pos.to(device), tgt.to(device), mask.to(device)
 
 
@@ -402,12 +417,16 @@ def _no_lora_request(engine):
 
 # ---- the loop ------------------------------------------------------------------------------------------------
 
-def _schedule(name: str, steps: int) -> Callable[[int], float]:
+def _schedule(name: str, steps: int, warmup: int = 0) -> Callable[[int], float]:
+    """The lr factor at (0-based) step s: linear warm-up over `warmup` steps, then `name` over the rest."""
+    rest = max(steps - warmup, 1)
     if name == "constant":
-        return lambda s: 1.0
-    if name == "linear":
-        return lambda s: max(0.0, 1.0 - s / steps)
-    return lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, steps) / steps))
+        after = lambda s: 1.0  # noqa: E731
+    elif name == "linear":
+        after = lambda s: max(0.0, 1.0 - s / rest)  # noqa: E731
+    else:
+        after = lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, rest) / rest))  # noqa: E731
+    return lambda s: (s + 1) / warmup if s < warmup else after(s - warmup)
 
 
 def _questions(rows: Sequence[dict], step: int, n: int, seed: int) -> list[dict]:
@@ -470,10 +489,14 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
 
     `first_pass` (the on-policy single pass, see `single_pass`): the (log-probs, values) of every micro-batch in
     sample order, computed with gradients when the old log-probs were taken; they are used instead of a second
-    forward pass. Same update: before the first optimiser step π_θ = π_old, so ratio = 1 and nothing is clipped."""
+    forward pass. Same update: before the first optimiser step π_θ = π_old, so ratio = 1 and nothing is clipped.
+
+    `critic=False` (group-normalised advantages): no value loss. `loss_agg="group_token_mean"` (QAgent Eq. 3): each
+    token weighs 1 / (groups in the minibatch × its group's loss tokens in the minibatch), policy and KL terms alike,
+    so the summed micro-batch losses are the minibatch's mean over groups of each group's token-summed loss."""
     import torch
 
-    from ragteam.train.pg import kl_k3, policy_loss, value_loss
+    from ragteam.train.pg import aggregate, group_token_weights, kl_k3, policy_loss, value_loss
 
     backward = backward or (lambda loss: loss.backward())
     clip = clip or torch.nn.utils.clip_grad_norm_
@@ -487,18 +510,23 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
             rng.shuffle(order)
         for m0 in range(0, len(order), p.minibatch_size):
             mb = [samples[i] for i in order[m0:m0 + p.minibatch_size]]
-            n_tok = sum(len(s.response_ids) for s in mb)
+            n_tok = sum(loss_tokens(s) for s in mb)
+            by_group = p.loss_agg == "group_token_mean"
+            row_w = group_token_weights([loss_tokens(s) for s in mb], [s.group for s in mb]) if by_group else None
+            mb_policy = 0.0
             opt.zero_grad(set_to_none=True)
             for u0 in range(0, len(mb), p.micro_batch_size):
                 micro = mb[u0:u0 + p.micro_batch_size]
                 batch = _collate(micro, pad_id, device)
                 mask, rlen = batch[4], batch[4].shape[1]
+                tw = (torch.tensor(row_w[u0:u0 + len(micro)], device=device)[:, None].expand_as(mask)
+                      if by_group else None)
                 logp, v = (first_pass[u0 // p.micro_batch_size] if first_pass
                            else model(*batch[:4], p.temperature, values=critic))
                 old_logp = _stack([s.old_logp for s in micro], rlen, device)
                 adv = _stack([s.advantages for s in micro], rlen, device)
                 pl, pst = policy_loss(logp, old_logp, adv, mask, eps_low=p.clip_eps, eps_high=p.clip_eps_high,
-                                      ratio_level=p.ratio_level, agg=p.loss_agg)
+                                      ratio_level=p.ratio_level, agg=p.loss_agg, token_weights=tw)
                 loss, vl, vst = pl, None, {}
                 if critic:
                     ret = _stack([s.returns for s in micro], rlen, device)
@@ -507,7 +535,8 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                     loss = pl + p.vf_coef * vl
                 if p.kl_coef > 0 and ref_available:
                     kl = kl_k3(logp, _stack([s.ref_logp for s in micro], rlen, device))
-                    kl_mean = (kl * mask).sum() / mask.sum().clamp(min=1)
+                    kl_mean = (aggregate(kl, mask, p.loss_agg, tw) if by_group
+                               else (kl * mask).sum() / mask.sum().clamp(min=1))
                     loss = loss + p.kl_coef * kl_mean
                     stats["kl_ref"].append(float(kl_mean.detach()))
                 if not torch.isfinite(loss):
@@ -517,14 +546,23 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                         f"{float(vl.detach()) if vl is not None else 'none'}); "
                         f"training stopped, the last good checkpoint "
                         f"{'checkpoint-' + str(last[-1]) if last else '(none yet)'} in {ckpt_dir} is kept")
-                weight = (sum(len(s.response_ids) for s in micro) / n_tok if p.loss_agg == "token_mean"
-                          else len(micro) / len(mb))
+                if by_group:       # already normalised over the minibatch (the token weights)
+                    weight = 1.0
+                elif p.loss_agg == "token_mean":
+                    weight = sum(loss_tokens(s) for s in micro) / max(n_tok, 1)
+                else:
+                    weight = len(micro) / len(mb)
                 backward(loss * weight)
-                stats["policy_loss"].append(float(pl.detach()))
+                if by_group:       # a micro-batch holds a share of the sum: log the minibatch's whole loss
+                    mb_policy += float(pl.detach())
+                else:
+                    stats["policy_loss"].append(float(pl.detach()))
                 if vl is not None:
                     stats["value_loss"].append(float(vl.detach()))
                 for k, x in {**pst, **vst}.items():
                     stats[k].append(x)
+            if by_group:
+                stats["policy_loss"].append(mb_policy)
             stats["grad_norm"].append(float(clip(trainable, p.max_grad_norm)))
             opt.step()
     return stats
@@ -557,7 +595,9 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
                 s.values = v[b, :n].detach().cpu() if v is not None else None
                 s.ref_logp = rl[b, :n].cpu() if rl is not None else None
     # 5. advantages
-    if system.advantage is not None:
+    if system.advantage == "group":
+        group_advantages(samples)
+    elif system.advantage is not None:
         # the system's estimator: one scalar per call, the same for each of its tokens (DECOR Eq. 6)
         adv = system.advantage([episodes[i] for i in sorted({s.episode for s in samples})])
         index = {e: k for k, e in enumerate(sorted({s.episode for s in samples}))}
@@ -601,6 +641,10 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     bad = [r.get("id") for r in rows if not r.get("golden_answers")]
     if bad:
         raise ValueError(f"train_joint_ppo: {len(bad)} training question(s) without golden answers, e.g. {bad[:3]}")
+    if p.loss_agg == "group_token_mean" and system.advantage != "group":
+        raise ValueError(f"{system.name}: loss_agg group_token_mean needs a system with group advantages")
+    if not system.critic:   # critic-free estimators: never load a second backbone for a critic nobody trains
+        p = p.model_copy(update={"critic": "shared_backbone"})
     ckpt_dir = Path(ckpt_dir)
     fp = fingerprint(kind="joint_ppo", system=system.name, params=p.model_dump(), model=model_identity(model_path),
                      data=[[r["id"], r["question"], r["golden_answers"]] for r in rows], tag=run_tag or {},
@@ -633,7 +677,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     if critic_params:
         groups.append({"params": critic_params, "lr": p.critic_lr})
     opt = torch.optim.AdamW(groups, betas=p.adam_betas, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(p.lr_scheduler, p.steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(p.lr_scheduler, p.steps, p.warmup_steps))
     step, history = 0, []
     if resume:
         step, history = _load_checkpoint(Path(resume), ac, opt, sched)
@@ -661,7 +705,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         episodes = system.annotate(system.rollout(qs, rollouts.team(step)))
         t_rollout = time.perf_counter() - t0
         # 3. samples: the calls of the trained roles of the episodes that train (all, unless the system selects)
-        samples = episode_samples(tok, episodes, system.roles)
+        samples = (system.samples(tok, episodes) if system.samples is not None
+                   else episode_samples(tok, episodes, system.roles))
         chosen = system.select(episodes) if system.select is not None else episodes
         keep = {id(ep) for ep in chosen}
         train_eps = {i for i, ep in enumerate(episodes) if id(ep) in keep}
@@ -705,6 +750,20 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                        extra={"fingerprint": fp, "value_head": ac.value_head.state_dict()})
 
 
+def group_advantages(samples: Sequence[Sample]) -> None:
+    """Step 5 of critic-free group systems (QAgent): (r - mean) / std within each `Sample.group` on every response
+    token (the mask decides which count in the loss); returns 0 (no critic to fit)."""
+    import torch
+
+    from ragteam.train.advantages import group_normalized
+
+    if any(s.group is None for s in samples):
+        raise ValueError("group advantages: every sample needs a group id (Sample.group)")
+    for s, a in zip(samples, group_normalized([s.reward for s in samples], [s.group for s in samples])):
+        s.advantages = torch.full((len(s.response_ids),), float(a))
+        s.returns = torch.zeros(len(s.response_ids))
+
+
 def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample], stats: dict[str, list[float]],
               explained_variance, lr: float,
               system_stats: Mapping[str, Callable[[Episode], float]] | None = None) -> dict[str, float]:
@@ -718,7 +777,7 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
     entry: dict[str, float] = {"step": step, "lr": lr}
     entry["reward"] = mean([s.reward for s in samples])
     entry["episode_f1"] = mean([f1_score(ep.final_answer or "", ep.golden_answers) for ep in episodes])
-    entry["response_tokens"] = mean([len(s.response_ids) for s in samples])
+    entry["response_tokens"] = mean([loss_tokens(s) for s in samples])     # tokens the loss counts
     entry["format_error_rate"] = mean([c.format_error is not None for c in calls])
     entry["calls_per_episode"] = len(calls) / max(len(episodes), 1)
     entry["turns"] = mean([float(ep.meta.get("workflow", {}).get("turns", 0)) for ep in episodes])
@@ -730,7 +789,7 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
         by_role[s.role].append(s)
     for role, ss in sorted(by_role.items()):
         entry[f"reward/{role}"] = mean([s.reward for s in ss])
-        entry[f"response_tokens/{role}"] = mean([len(s.response_ids) for s in ss])
+        entry[f"response_tokens/{role}"] = mean([loss_tokens(s) for s in ss])
         entry[f"format_error_rate/{role}"] = mean([episodes[s.episode].calls[s.call].format_error is not None
                                                    for s in ss])
     critic = [s for s in samples if s.values is not None and s.returns is not None]
@@ -739,6 +798,9 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
         returns = torch.cat([s.returns for s in critic])
         entry["explained_variance"] = explained_variance(values, returns, torch.ones_like(values))
         entry["value_mean"] = float(values.mean())
+    elif samples and all(s.advantages is not None for s in samples):   # critic-free: zero advantage = no signal
+        entry["zero_advantage"] = mean([float(abs(float(s.advantages[0])) < 1e-8) if len(s.advantages) else 1.0
+                                        for s in samples])
     for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm",
               "ratio_mean"):
         if stats.get(k):

@@ -117,6 +117,20 @@ def decor_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     )
 
 
+def qagent_system(params: dict[str, Any], retriever: Retriever, stage: str = "stage1", generator=None
+                  ) -> JointSystem:
+    """QAgent: one agent, G trajectories per question, each one sample with <information> / retry tokens masked,
+    group-normalised advantages; stage 1 Eq. 7, stage 2 Eq. 8-10 with `generator` (a Team whose answer_agent is the
+    frozen G). Two stages: stages.train_joint runs them through `ragteam.train.qagent.train_qagent`."""
+    from ragteam.agents.qagent_workflow import QAgentConfig
+    from ragteam.train.qagent import QAgentTrainParams
+    from ragteam.train.qagent import qagent_system as build
+
+    cfg = parse_section(params, "qagent", QAgentConfig)
+    tp = parse_section(params, "joint.qagent", QAgentTrainParams)
+    return build(cfg, tp, retriever, stage, generator)
+
+
 REWARD_TEXT = {
     "mask": ("M-ASK turn-level rewards (§3.3): Planning F1(a_0, y) (Eq. 2); Answer F1(a_t, y) (Eq. 2); Search, "
              "Summary and Update of turn t F1(a_t, y) - F1(a_{t-1}, y) (Eq. 3); a Search that outputs <end> 0; "
@@ -132,10 +146,13 @@ REWARD_TEXT = {
               "or the Appendix B prompts); per role the calls' rewards are averaged per trajectory and normalised "
               "within the question's G trajectories (Eq. 6); dynamic sampling trains only on the groups with "
               "low < mean R_team < high (decor.dynamic_sampling; the paper's 0 and 1)."),
+    "qagent": ("QAgent, one reward per trajectory, group-normalised over its question's G rollouts: stage 1 "
+               "1{r_fmt = 1}·EM_s(A*, Â) (Eq. 7), stage 2 EM(A*, G(q, K)) + hit_weight·Hit(τ, A*) (Eq. 8-10, "
+               "non-strict EM, frozen generator G over the deduplicated passages K)."),
 }
 
 SYSTEMS: dict[str, Callable[[dict[str, Any], Retriever], JointSystem]] = {
-    "mask": mask_system, "jade": jade_system, "decor": decor_system}
+    "mask": mask_system, "jade": jade_system, "decor": decor_system, "qagent": qagent_system}
 
 
 def build_system(name: str, params: dict[str, Any], retriever: Retriever) -> JointSystem:

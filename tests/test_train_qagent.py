@@ -1,0 +1,313 @@
+"""QAgent training (issue 15 deliverable 4) on the joint trainer's one core: Eq. 3's normalisation by each group's
+total tokens against hand-computed values, the <information> / retry mask reaching the loss (perturbing the
+injected tokens' logits changes neither loss nor gradient), stage 2 starting from stage 1's weights, and
+`python -m stages.train_joint qagent` end to end to a saved agent with a model card (tiny random Llama with the
+SmolLM2 tokenizer, scripted rollouts and generator)."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers_agents import KeywordRetriever, ScriptedEngine
+
+from ragteam.agents.qagent_workflow import QAgentConfig, trajectory_tokens
+from ragteam.llm import SamplingConfig, Team
+from ragteam.train.pg import group_token_weights, policy_loss
+
+REPO = Path(__file__).resolve().parents[1]
+
+PASSAGES = [("Ed Wood", "Ed Wood was an American filmmaker born in Poughkeepsie."),
+            ("Denver", "Denver is the capital of Colorado.")]
+ROWS = [{"id": "A", "question": "Where was Ed Wood born?", "golden_answers": ["Poughkeepsie"]},
+        {"id": "B", "question": "Which state has Denver as capital?", "golden_answers": ["Colorado"]}]
+
+
+# ---- Eq. 3 in the core, by hand --------------------------------------------------------------------------------------
+
+def test_group_token_weights_by_hand():
+    # group a: 2 + 1 tokens, group b: 3 tokens, group c: none -> 1 / (3 groups x tokens of the group)
+    assert group_token_weights([2, 1, 3, 0], ["a", "a", "b", "c"]) == pytest.approx([1 / 9, 1 / 9, 1 / 9, 0.0])
+    assert group_token_weights([4, 4], [0, 0]) == pytest.approx([1 / 8, 1 / 8])
+    with pytest.raises(ValueError, match="2 token counts for 1 group"):
+        group_token_weights([1, 2], ["a"])
+
+
+def test_policy_loss_normalised_by_each_groups_total_tokens_by_hand():
+    # 3 sequences: rows 0, 1 are group a (2 and 1 counted tokens; row 0's third token is injected, mask 0),
+    # row 2 is group b (2 tokens). Per-token log-ratio lr, advantage A (one per sequence, as GRPO)
+    lr = torch.tensor([[0.1, 0.0, 5.0], [-0.05, 0.0, 0.0], [0.0, 0.1, -0.1]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0], [0.5, 0.5, 0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    w = torch.tensor(group_token_weights([2, 1, 2], ["a", "a", "b"]))[:, None].expand_as(mask)
+    loss, _ = policy_loss(lr, torch.zeros_like(lr), adv, mask, eps_low=0.2, agg="group_token_mean", token_weights=w)
+    e = torch.exp
+    # token losses max(-A·r, -A·clip(r)); every counted ratio is inside [0.8, 1.2] -> -A·r (row 0's masked 5.0
+    # would be clipped, and must not count)
+    group_a = (-e(torch.tensor(0.1)) - 1.0 + e(torch.tensor(-0.05))) / 3        # Σ over 3 counted tokens / 3
+    group_b = 0.5 * (-1.0 - e(torch.tensor(0.1))) / 2
+    assert float(loss) == pytest.approx(float(group_a + group_b) / 2, rel=1e-6)
+    # not the batch token mean (what token_mean would give)
+    tm, _ = policy_loss(lr, torch.zeros_like(lr), adv, mask, eps_low=0.2, agg="token_mean")
+    assert float(tm) != pytest.approx(float(loss), rel=1e-3)
+    with pytest.raises(ValueError, match="needs token_weights"):
+        policy_loss(lr, torch.zeros_like(lr), adv, mask, agg="group_token_mean")
+
+
+# ---- scripted rollouts -> samples ------------------------------------------------------------------------------------
+
+def _agent_reply(role, m):
+    """Rollout 1 of every group searches then answers; the others retry once then answer (so the trajectories
+    hold both kinds of injected text, <information> and the retry prompt)."""
+    assert role == "qagent", role
+    so_far = m[-1]["content"] if m[-1]["role"] == "assistant" else ""
+    if not so_far:
+        return ("<plan>look it up</plan>\n<search>\n<query>Ed Wood</query>\n<query>Denver</query>\n</search>"
+                if "Ed Wood" in m[0]["content"] else "hmm, not sure.")
+    return "<reflection>ok</reflection>\n<answer>Poughkeepsie</answer>"
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm2_dir, tmp_path_factory):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny")
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out, tok
+
+
+def _samples(tok):
+    from ragteam.rewards.qagent import qagent_rewards_stage1
+    from ragteam.train.qagent import rollout_groups, trajectory_samples
+
+    team = Team(ScriptedEngine(_agent_reply), {"qagent": SamplingConfig(max_new_tokens=64)})
+    eps = rollout_groups(ROWS, team, KeywordRetriever(PASSAGES), QAgentConfig(max_turns=3), group_size=2)
+    qagent_rewards_stage1(eps)
+    return eps, trajectory_samples(tok, eps)
+
+
+def test_trajectory_samples_carry_the_mask_group_and_reward(tiny):
+    _, tok = tiny
+    eps, samples = _samples(tok)
+    assert [e.meta["group"] for e in eps] == [0, 0, 1, 1] and [s.group for s in samples] == [0, 0, 1, 1]
+    # A answers "Poughkeepsie" after a well-formed search: reward 1; B's first turn had no tags: gated (0)
+    assert [s.reward for s in samples] == [1.0, 1.0, 0.0, 0.0]
+    kinds = {c.meta.get("injected_kind") for e in eps for c in e.calls} - {None}
+    assert kinds == {"information", "retry"}
+    for e, s in zip(eps, samples):
+        t = trajectory_tokens(e, tok)
+        assert s.prompt_ids + s.response_ids == t.input_ids and s.mask == t.loss_mask[t.prompt_len:]
+        assert 0 in s.mask and sum(s.mask) == t.n_generated
+    # max_seq_len cuts the trajectory (and its mask) there
+    from ragteam.train.qagent import trajectory_samples
+
+    cut = trajectory_samples(tok, eps, max_seq_len=len(samples[0].prompt_ids) + 5)[0]
+    assert len(cut.response_ids) == len(cut.mask) == 5
+
+
+def _actor(path):
+    from ragteam.train.ppo import PPOParams, _build_actor_critic
+
+    p = PPOParams(steps=1, questions_per_step=2, minibatch_size=4, micro_batch_size=4, actor_lr=1e-3,
+                  critic_lr=1e-3, kl_coef=0.01, loss_agg="group_token_mean", lora={"enabled": False})
+    torch.manual_seed(0)
+    return p, _build_actor_critic(str(path), p, "cpu", torch.float32)
+
+
+def _update_grads(ac, samples, p, tok, perturb=None, monkeypatch=None):
+    """Gradients of one ppo_update (lr 0: weights unchanged), optionally adding noise to the logits of the response
+    positions where `perturb(mask)` is 1 in every forward pass of the update (the mask of the batch being run:
+    ppo_update shuffles the samples, so it is read from the update's own `_collate`)."""
+    import ragteam.train.ppo as P
+
+    head = P._parts(ac.policy)[1]
+    handle, last = None, {}
+    if perturb is not None:
+        real = P._collate
+
+        def collate(micro, pad_id, device):
+            out = real(micro, pad_id, device)
+            last["sel"] = perturb(out[4])
+            return out
+
+        monkeypatch.setattr(P, "_collate", collate)
+
+        def hook(_m, _i, out):
+            sel = last["sel"]
+            noise = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)) * 5
+            return out + noise * sel[..., None]
+
+        handle = head.register_forward_hook(hook)
+    opt = torch.optim.SGD([t for t in ac.parameters() if t.requires_grad], lr=0.0)
+    try:
+        stats = P.ppo_update(ac, opt, samples, p, tok.pad_token_id, "cpu", ref_available=True, critic=False)
+    finally:
+        if handle is not None:
+            handle.remove()
+            monkeypatch.undo()
+    return {n: t.grad.clone() for n, t in ac.named_parameters() if t.grad is not None}, stats
+
+
+def test_mask_reaches_the_core_and_eq3_loss_by_hand(tiny, monkeypatch):
+    from ragteam.train.ppo import _collate, group_advantages
+
+    path, tok = tiny
+    p, ac = _actor(path)
+    _, samples = _samples(tok)
+    with torch.no_grad():
+        batch = _collate(samples, tok.pad_token_id, "cpu")
+        logp, _ = ac(*batch[:4])
+    for b, s in enumerate(samples):
+        n = len(s.response_ids)
+        s.old_logp, s.ref_logp = logp[b, :n].clone(), logp[b, :n].clone() - 0.1
+    group_advantages(samples)
+    # group 0 rewards [1, 1] -> advantages 0; group 1 [0, 0] -> 0: give group 1 a spread to learn from
+    samples[2].reward, samples[3].reward = 1.0, 0.0
+    group_advantages(samples)
+    assert [float(s.advantages[0]) for s in samples] == pytest.approx([0, 0, 1, -1], abs=1e-5)
+    assert batch[4].tolist() == [s.mask + [0] * (batch[4].shape[1] - len(s.mask)) for s in samples]
+
+    base, stats = _update_grads(ac, samples, p, tok)
+    # on-policy: ratio 1, token loss -A; Eq. 3 per group, mean over the 2 groups. Group 0 has A = 0.
+    n2, n3 = sum(samples[2].mask), sum(samples[3].mask)
+    assert stats["policy_loss"] == pytest.approx([(0.0 + (-1.0 * n2 + 1.0 * n3) / (n2 + n3)) / 2], abs=1e-5)
+    # k3 KL with log π_ref = log π - 0.1 on every token: exp(-.1) + .1 - 1, the same weighted mean
+    assert stats["kl_ref"] == pytest.approx([float(torch.exp(torch.tensor(-0.1))) + 0.1 - 1], rel=1e-4)
+    # the injected tokens' logits do not matter ...
+    masked_only, st2 = _update_grads(ac, samples, p, tok, perturb=lambda m: (1 - m), monkeypatch=monkeypatch)
+    assert st2["policy_loss"] == pytest.approx(stats["policy_loss"], abs=1e-6)
+    assert base.keys() == masked_only.keys() and base
+    for n in base:
+        assert torch.allclose(base[n], masked_only[n], atol=1e-7), n
+    # ... while the generated tokens' do (the check can fail)
+    generated, _ = _update_grads(ac, samples, p, tok, perturb=lambda m: m, monkeypatch=monkeypatch)
+    assert any(not torch.allclose(base[n], generated[n], atol=1e-6) for n in base)
+    # micro-batching does not change the Eq. 3 gradient
+    p1 = p.model_copy(update={"micro_batch_size": 1})
+    micro, st3 = _update_grads(ac, samples, p1, tok)
+    assert st3["policy_loss"] == pytest.approx(stats["policy_loss"], abs=1e-5)
+    for n in base:
+        assert torch.allclose(base[n], micro[n], atol=1e-6), n
+
+
+def test_group_loss_needs_a_group_system_and_whole_groups_per_minibatch():
+    from ragteam.train.ppo import PPOParams
+    from ragteam.train.qagent import QAgentTrainParams, stage_ppo
+
+    p = PPOParams(steps=1, questions_per_step=2, minibatch_size=7, actor_lr=1e-3, critic_lr=1e-3,
+                  loss_agg="group_token_mean")
+    tp = QAgentTrainParams(group_size=4, stage1_steps=3, stage2_steps=5)
+    with pytest.raises(ValueError, match=r"minibatch_size \(7\) must hold .* = 8"):
+        stage_ppo(p, tp, "stage1")
+    p8 = p.model_copy(update={"minibatch_size": 8})
+    assert stage_ppo(p8, tp, "stage2").steps == 5
+    with pytest.raises(ValueError, match="group_token_mean"):
+        stage_ppo(p8.model_copy(update={"loss_agg": "token_mean"}), tp, "stage1")
+
+
+def test_warmup_schedule():
+    from ragteam.train.ppo import _schedule
+
+    f = _schedule("linear", 6, warmup=2)
+    assert [f(s) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
+    assert _schedule("constant", 4)(0) == 1.0
+
+
+# ---- both stages through the joint loop, and the stage ---------------------------------------------------------------
+
+def _generator():
+    """A scripted frozen G: right for every other call, so each group's stage-2 rewards differ."""
+    n = {"i": 0}
+
+    def reply(role, m):
+        assert role == "answer_agent", role
+        n["i"] += 1
+        q = re.search(r"Question: (.*)", m[-1]["content"]).group(1)
+        gold = "Poughkeepsie" if "Ed Wood" in q else "Colorado"
+        return gold if n["i"] % 2 else "no idea"
+
+    return Team(ScriptedEngine(reply))
+
+
+def test_stage2_starts_from_stage1_weights(tiny, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    import ragteam.train.qagent as Q
+    from ragteam.llm import EngineConfig
+    from ragteam.train.ppo import PPOParams
+
+    path, tok = tiny
+    tp = Q.QAgentTrainParams(group_size=2, stage1_steps=1, stage2_steps=1, max_seq_len=1024)
+    cfg = QAgentConfig(max_turns=2, passage_words=8)
+    retr = KeywordRetriever(PASSAGES)
+    s1 = Q.qagent_system(cfg, tp, retr, "stage1")
+    # stage 1: a random tiny model never answers well formed, so score rollout 0 of each group 1 (a spread to learn)
+    stage1 = lambda: s1.__class__(**{**s1.__dict__, "annotate": lambda eps: [  # noqa: E731
+        setattr(Q.agent_calls(e)[-1], "reward", float(e.meta["rollout"] == 0)) or e for e in eps]})
+    systems = {"stage1": stage1, "stage2": lambda: Q.qagent_system(cfg, tp, retr, "stage2", _generator())}
+    p = PPOParams(steps=1, questions_per_step=2, minibatch_size=4, micro_batch_size=2, actor_lr=0.05,
+                  critic_lr=1e-3, kl_coef=0.001, loss_agg="group_token_mean", vf_coef=0.0,
+                  lora={"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1})
+    seen = []
+    real = Q.train_joint_ppo
+    monkeypatch.setattr(Q, "train_joint_ppo", lambda system, rows, model, *a, **k: seen.append(model) or real(
+        system, rows, model, *a, **k))
+    sampling = {"qagent": SamplingConfig(max_new_tokens=12)}
+    res, curve = Q.train_qagent(systems, ROWS, str(path), tmp_path / "w", {"stage1": p, "stage2": p},
+                                EngineConfig(device="cpu", threads=1, batch_size=8), sampling)
+    stage1_model = tmp_path / "w" / "stage1_model"
+    assert seen == [str(path), str(stage1_model)]                    # stage 2 loads the stage-1 model
+    w0 = load_file(str(path / "model.safetensors"))
+    w1 = load_file(str(stage1_model / "model.safetensors"))
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)            # stage 1 moved the weights
+    assert res.global_step == 2 and [r["stage"] for r in curve] == ["stage1", "stage2"]
+    assert [r["step"] for r in curve] == [1, 2]
+    assert (tmp_path / "w" / "stage1" / "checkpoint-1").is_dir() and (tmp_path / "w" / "stage2" / "checkpoint-1").is_dir()
+    assert res.extra["stages"]["stage2"]["fingerprint"] != res.extra["stages"]["stage1"]["fingerprint"]
+    # stage 2's rewards are Eq. 10: G right (1) or not (0) + 0.5·Hit, so a group's rewards differ
+    assert curve[1]["zero_advantage"] < 1.0 and "explained_variance" not in curve[1]
+    # a rerun resumes both finished stages as no-ops
+    seen.clear()
+    again, _ = Q.train_qagent(systems, ROWS, str(path), tmp_path / "w", {"stage1": p, "stage2": p},
+                              EngineConfig(device="cpu", threads=1, batch_size=8), sampling)
+    assert again.resumed_from == 2 and again.global_step == 2
+
+
+def test_stage_trains_both_stages_to_a_saved_agent_with_a_card(tiny, tmp_path, monkeypatch):
+    import yaml
+
+    import ragteam.retrieval
+    from ragteam.io import write_jsonl
+
+    path, _ = tiny
+    sys.path.insert(0, str(REPO))
+    import stages.train_joint as stage
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["llm"].update(model=str(path), device="cpu", threads=1)
+    params["llm"]["sampling"]["qagent"] = {"max_new_tokens": 8}
+    params["qagent"].update(max_turns=2)
+    params["joint"]["qagent"].update(group_size=2, stage1_steps=1, stage2_steps=1, max_questions=2)
+    params["joint"]["qagent"]["ppo"].update(questions_per_step=1, minibatch_size=2, micro_batch_size=2)
+    params["joint"]["qagent"]["ppo"]["lora"] = {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1}
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(Path("data/prepared/train/pool.jsonl"), ROWS)
+    monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: KeywordRetriever(PASSAGES))
+    metrics = stage.run("qagent", params)
+    card = (tmp_path / "models/agents/qagent/README.md").read_text()
+    assert "Eq. 7" in card and "Eq. 8-10" in card and "masked" in card
+    assert (tmp_path / "models/agents/qagent/model.safetensors").exists()
+    info = json.loads((tmp_path / "models/agents/qagent/ragteam-train.json").read_text())
+    assert info["global_step"] == 2
+    assert metrics["questions"] == 2 and "stage1/reward_last" in metrics and "stage2/reward_last" in metrics
+    rows = (tmp_path / "reports/training/train_joint_qagent.csv").read_text().splitlines()
+    assert len(rows) == 3 and "stage" in rows[0]
