@@ -42,3 +42,21 @@ def minilm_dir() -> Path:
 def shared_data() -> Path:
     assert SHARED_DATA.is_dir(), f"tests need the shared data samples at {SHARED_DATA}"
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smollm2_dir, tmp_path_factory) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer and chat template (seeded): trainer mechanics in seconds."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -170,21 +170,6 @@ PPO = {"steps": 1, "questions_per_step": 2, "minibatch_size": 8, "micro_batch_si
        "lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1}}
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, smollm2_dir):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("tiny_llama")
-    LlamaForCausalLM(cfg).save_pretrained(d, safe_serialization=True)
-    tok.save_pretrained(d)
-    return d
-
-
 def _train(tmp_path, model_dir, system, **ppo):
     from ragteam.train.ppo import PPOParams, train_joint_ppo
 

@@ -115,22 +115,6 @@ def test_gae_over_the_flattened_calls_gives_the_round1_planner_the_terminal_rewa
     assert float(samples[0].advantages.abs().max()) == 0.0 and float(samples[9].advantages[-1]) == pytest.approx(R1)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(smollm2_dir, tmp_path_factory):
-    """A 2-layer random Llama with SmolLM2's tokenizer and chat template: a PPO step in seconds."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny_llama")
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def test_one_jade_ppo_step_from_rollouts_to_a_checkpoint(tiny_llama, tmp_path):
     from ragteam.llm import EngineConfig, SamplingConfig
     from ragteam.train.ppo import PPOParams, train_joint_ppo

@@ -71,19 +71,10 @@ def _agent_reply(role, m):
 
 
 @pytest.fixture(scope="module")
-def tiny(smollm2_dir, tmp_path_factory):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def tiny(tiny_llama):
+    from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out, tok
-
+    return tiny_llama, AutoTokenizer.from_pretrained(tiny_llama)
 
 def _samples(tok):
     from ragteam.rewards.qagent import qagent_rewards_stage1

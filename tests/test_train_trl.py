@@ -30,22 +30,8 @@ TINY_GRPO = dict(prompts_per_step=2, num_generations=2, micro_batch_size=4, lr=1
 
 
 @pytest.fixture(scope="module")
-def tiny_llm(smollm2_dir, tmp_path_factory):
-    """A 2-layer random Llama with SmolLM2's tokenizer and chat template: trainer mechanics in seconds."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-llm")
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
+def tiny_llm(tiny_llama):
+    return tiny_llama
 
 def _kill_at(step):
     """A callback that raises at the end of `step`, before that step's checkpoint is written: a crash."""
