@@ -84,6 +84,52 @@ def prepare_resume(ckpt_dir: str | Path, fp: str) -> str | None:
     return str(ckpt_dir / f"checkpoint-{steps[-1]}") if steps else None
 
 
+def save_train_state(ckpt_dir: str | Path, step: int, trainable: dict, opt, sched, history: list[dict],
+                     keep: int, device=None) -> None:
+    """A checkpoint of a hand-written trainer (shared-prefix GRPO, the joint loop): trainable tensors, optimiser,
+    scheduler and RNG states in `checkpoint-<step>/state.pt`, the log history in `trainer_state.json` (written last:
+    the completeness marker). Written to a temp dir and renamed; only the last `keep` checkpoints stay."""
+    import random
+
+    import torch
+
+    ckpt_dir = Path(ckpt_dir)
+    d, tmp = ckpt_dir / f"checkpoint-{step}", ckpt_dir / f".checkpoint-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cuda = {"cuda_rng": torch.cuda.get_rng_state(device)} if device is not None and device.type == "cuda" else {}
+    torch.save({"trainable": trainable, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), **cuda}, tmp / "state.pt")
+    write_json(tmp / "trainer_state.json", {"global_step": step, "log_history": history})
+    shutil.rmtree(d, ignore_errors=True)
+    tmp.rename(d)
+    for old in checkpoint_steps(ckpt_dir)[:-keep]:
+        shutil.rmtree(ckpt_dir / f"checkpoint-{old}", ignore_errors=True)
+
+
+def load_train_state(path: str | Path, named_params: dict, opt, sched, device=None) -> tuple[int, list[dict]]:
+    """Restore a `save_train_state` checkpoint into `named_params` (name -> parameter), the optimiser, the scheduler
+    and the RNGs; returns (global step, log history). Loads with `weights_only=True`: tensors and plain containers,
+    no code."""
+    import random
+
+    import torch
+
+    path = Path(path)
+    state = torch.load(path / "state.pt", weights_only=True, map_location=device)
+    with torch.no_grad():
+        for n, t in state["trainable"].items():
+            named_params[n].copy_(t)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if "cuda_rng" in state and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
+    random.setstate(state["py_rng"])
+    meta = json.loads((path / "trainer_state.json").read_text())
+    return int(meta["global_step"]), list(meta["log_history"])
+
+
 def step_timer():
     """A transformers TrainerCallback that adds `step_time` (seconds) to each step's log_history entry.
 

@@ -14,16 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import random
-import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ragteam.io import write_json
-from ragteam.train.checkpoints import TrainResult, checkpoint_steps, fingerprint, model_identity, prepare_resume
+from ragteam.train.checkpoints import (TrainResult, fingerprint, load_train_state, model_identity, prepare_resume,
+                                      save_train_state)
 from ragteam.train.common import GRPOParams, GRPOSample, lora_config, model_params, validate_samples
 
 log = logging.getLogger(__name__)
@@ -67,44 +65,6 @@ def _group_logps(model, prompt_ids, comp, temperature: float):
     # position t predicts completion token t: the prompt's last logits, then the completion's own shifted
     logits = torch.cat([out_p.logits[:, -1:].expand(G, -1, -1), out_c.logits[:, :-1]], 1).float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, comp[..., None]).squeeze(-1)   # (G, L)
-
-
-def _save(ckpt_dir: Path, step: int, model, opt, sched, history: list[dict], keep: int) -> None:
-    import torch
-
-    d = ckpt_dir / f"checkpoint-{step}"
-    tmp = ckpt_dir / f".checkpoint-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    device = next(model.parameters()).device
-    cuda_rng = {"cuda_rng": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {}
-    torch.save({"trainable": trainable, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), **cuda_rng}, tmp / "state.pt")
-    write_json(tmp / "trainer_state.json", {"global_step": step, "log_history": history})  # completeness marker
-    shutil.rmtree(d, ignore_errors=True)
-    tmp.rename(d)
-    for old in checkpoint_steps(ckpt_dir)[:-keep]:
-        shutil.rmtree(ckpt_dir / f"checkpoint-{old}", ignore_errors=True)
-
-
-def _load(path: Path, model, opt, sched) -> tuple[int, list[dict]]:
-    import torch
-
-    device = next(model.parameters()).device
-    state = torch.load(path / "state.pt", weights_only=True, map_location=device)  # tensors and containers: no code
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for n, t in state["trainable"].items():
-            params[n].copy_(t)
-    opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"].cpu())
-    if "cuda_rng" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
-    random.setstate(state["py_rng"])
-    meta = json.loads((path / "trainer_state.json").read_text())
-    return int(meta["global_step"]), list(meta["log_history"])
 
 
 def train_grpo_shared_prefix(
@@ -160,7 +120,7 @@ def train_grpo_shared_prefix(
 
     step, history = (0, [])
     if resume:
-        step, history = _load(Path(resume), model, opt, sched)
+        step, history = load_train_state(resume, dict(model.named_parameters()), opt, sched, device)
     start_step = step
     t_start = time.perf_counter()
     P, G = params.prompts_per_step, params.num_generations
@@ -234,7 +194,8 @@ def train_grpo_shared_prefix(
             if hasattr(cb, "on_step_end"):
                 cb.on_step_end(None, SimpleNamespace(global_step=step), None)
         if step % params.save_steps == 0 or step == params.steps:
-            _save(Path(ckpt_dir), step, model, opt, sched, history, params.save_total_limit)
+            weights = {n: t.detach().clone() for n, t in model.named_parameters() if t.requires_grad}
+            save_train_state(ckpt_dir, step, weights, opt, sched, history, params.save_total_limit, device)
 
     model.eval()
     return TrainResult(model=model, tokenizer=tok, log_history=history, global_step=step,

@@ -37,7 +37,6 @@ whose `Sample.mask` zeroes the environment's tokens); by default every call of a
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -55,10 +54,10 @@ from pydantic import Field, model_validator
 
 from ragteam.config import ParamsError, Strict
 from ragteam.eval.metrics import f1_score
-from ragteam.io import write_json
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.records import AgentCall, Episode
-from ragteam.train.checkpoints import TrainResult, checkpoint_steps, fingerprint, model_identity, prepare_resume
+from ragteam.train.checkpoints import (TrainResult, checkpoint_steps, fingerprint, load_train_state, model_identity,
+                                      prepare_resume, save_train_state)
 from ragteam.train.common import LoraParams, lora_config
 
 log = logging.getLogger(__name__)
@@ -303,37 +302,6 @@ def _stack(rows: Sequence[Any], rlen: int, device: str):
 
 def _trainable_state(ac) -> dict:
     return {n: t.detach().cpu().clone() for n, t in ac.named_parameters() if t.requires_grad}
-
-
-def _save_checkpoint(ckpt_dir: Path, step: int, ac, opt, sched, history: list[dict], keep: int) -> None:
-    import torch
-
-    d, tmp = ckpt_dir / f"checkpoint-{step}", ckpt_dir / f".checkpoint-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save({"trainable": _trainable_state(ac), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}, tmp / "state.pt")
-    write_json(tmp / "trainer_state.json", {"global_step": step, "log_history": history})  # completeness marker
-    shutil.rmtree(d, ignore_errors=True)
-    tmp.rename(d)
-    for old in checkpoint_steps(ckpt_dir)[:-keep]:
-        shutil.rmtree(ckpt_dir / f"checkpoint-{old}", ignore_errors=True)
-
-
-def _load_checkpoint(path: Path, ac, opt, sched) -> tuple[int, list[dict]]:
-    import torch
-
-    state = torch.load(path / "state.pt", weights_only=False)
-    params = dict(ac.named_parameters())
-    with torch.no_grad():
-        for n, t in state["trainable"].items():
-            params[n].copy_(t)
-    opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    random.setstate(state["py_rng"])
-    meta = json.loads((path / "trainer_state.json").read_text())
-    return int(meta["global_step"]), list(meta["log_history"])
 
 
 # ---- the rollout engine --------------------------------------------------------------------------------------
@@ -680,7 +648,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(p.lr_scheduler, p.steps, p.warmup_steps))
     step, history = 0, []
     if resume:
-        step, history = _load_checkpoint(Path(resume), ac, opt, sched)
+        step, history = load_train_state(resume, dict(ac.named_parameters()), opt, sched)
         log.info("resuming %s from %s (step %d)", system.name, resume, step)
     start_step = step
     ac_wrapped, opt = accel.prepare(ac, opt)
@@ -740,7 +708,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         if on_step is not None:
             on_step(step, entry)
         if accel.is_main_process and (step % p.save_steps == 0 or step == p.steps):
-            _save_checkpoint(ckpt_dir, step, ac, opt, sched, history, p.save_total_limit)
+            save_train_state(ckpt_dir, step, _trainable_state(ac), opt, sched, history, p.save_total_limit)
         accel.wait_for_everyone()
 
     ac.eval()
