@@ -33,7 +33,10 @@ REPORT = Path("reports/eval.md")
 FIGURES = Path("reports/figures")
 
 
-def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[dict]]:
+def load_benchmarks(ev, root: Path = BENCHMARKS, first: int | None = None) -> dict[str, list[dict]]:
+    """The first `first` (default `ev.n_questions`) rows of each of `ev.benchmarks` (an eval or eval_agents
+    section)."""
+    first = ev.n_questions if first is None else first
     names = sorted(p.stem for p in root.glob("*.jsonl")) if ev.benchmarks == "all" else list(ev.benchmarks)
     if not names:
         raise DataError(f"{root}: no benchmark files (*.jsonl)")
@@ -41,7 +44,7 @@ def load_benchmarks(ev: EvalConfig, root: Path = BENCHMARKS) -> dict[str, list[d
     if missing:
         raise DataError(f"eval.benchmarks: {missing} not found in {root} "
                         f"(have {sorted(p.stem for p in root.glob('*.jsonl'))})")
-    return {n: load_qa(root / f"{n}.jsonl")[: ev.n_questions] for n in order_benchmarks(names)}
+    return {n: load_qa(root / f"{n}.jsonl")[: first] for n in order_benchmarks(names)}
 
 
 def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
@@ -55,20 +58,21 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
     cfgs = cfgs.model_copy(update={"baselines": ev.baselines})
     used = {s.workflow for s in ev.systems.values()}
     t0 = time.perf_counter()
-    qa = load_benchmarks(ev, benchmarks)
+    qa = load_benchmarks(ev, benchmarks, ev.max_questions())  # every system answers a prefix of these
     needs_retrieval = any(s.workflow != "native" for s in ev.systems.values())
     if retriever is None and needs_retrieval:
         from ragteam.retrieval import open_retriever
 
         retriever = open_retriever(ev.retriever)
     engines = engines or EnginePool(llm)
-    # All benchmarks of a system run as one batch: every step is one engine call over all their questions.
-    rows = [dict(r, _benchmark=b) for b, rs in qa.items() for r in rs]
     metrics: dict = {}
     scores: dict = {}  # system -> benchmark -> em/f1 per question, for the bootstrap
     with atomic_dir(results) as tmp:
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
+            # all benchmarks of a system run as one batch: every step is one engine call over all their questions
+            n = ev.questions_for(name)
+            rows = [dict(r, _benchmark=b) for b, rs in qa.items() for r in rs[:n]]
             team = make_team(engines, spec, ev.agents, llm.model, llm.sampling, cfgs.decor.frozen_roles())
             eps = run_system(spec, rows, team, retriever, cfgs, name, ev.lj == "all")
             per = {}
@@ -87,7 +91,7 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
     cost_png = plot_cost_accuracy(metrics, figures / "eval_cost.png")
     scores_png = plot_scores(metrics, benches, figures / "eval_scores.png")
     context = {"base model": llm.model, "backend": f"{llm.backend} ({llm.device}, {llm.dtype})",
-               "retriever": ev.retriever, "questions per benchmark (max)": ev.n_questions,
+               "retriever": ev.retriever, "questions per benchmark": _questions_context(ev),
                "MAPS": f"max_rounds {cfgs.maps.max_rounds}, top_k {cfgs.maps.top_k}, fixed_rounds "
                        f"{cfgs.maps.fixed_rounds}, max_chunks {cfgs.maps.max_chunks}",
                **({"DECOR": f"t_max {cfgs.decor.t_max}, top_k {cfgs.decor.top_k}, l_max {cfgs.decor.l_max}, "
@@ -110,6 +114,12 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
         f.write(md)
     publish_prefect_artifact(md)
     return metrics
+
+
+def _questions_context(ev: EvalConfig) -> str:
+    """eval.n_questions, and the systems that answer a different number (their rows' n column says it too)."""
+    own = {name: ev.questions_for(name) for name in ev.systems if ev.questions_for(name) != ev.n_questions}
+    return f"{ev.n_questions}" + (f" ({', '.join(f'{k}: {v}' for k, v in own.items())})" if own else "")
 
 
 def _jade_context(cfg: JadeConfig) -> str:

@@ -140,13 +140,33 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path):
     assert "![eval_cost](fig/eval_cost.png)" in md and (out / "fig" / "eval_scores.png").is_file()
     # 2 questions per benchmark, one right: EM 50 with the interval [0, 100] each; avg over 2 benchmarks [25, 75]
     assert metrics["maps"]["hotpotqa"]["em_ci"] == [0.0, 100.0] and metrics["maps"]["avg"]["em_ci"] == [0.0, 100.0]
-    assert "| maps | 50.00 [0.00, 100.00] |" in md
+    assert "| maps | 2/2 | 50.00 [0.00, 100.00] |" in md
     diffs = json.loads((out / "compare.json").read_text())
     assert list(diffs) == ["maps vs maps_untrained"]                  # derived: trained MAPS vs untrained
     d = diffs["maps vs maps_untrained"]                               # the scripted engine ignores the checkpoint
     assert (d["a"], d["b"], d["avg"]["n"]) == ("maps", "maps_untrained", 4)
     assert d["hotpotqa"]["f1"] == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "n": 2, "significant": False}
     assert "## Differences" in md and "| maps − maps_untrained | HotpotQA | 2 | 0.00 [0.00, 0.00] |" in md
+
+
+def test_a_system_with_its_own_n_questions_answers_that_prefix_and_pairs_on_the_common_one(tmp_path):
+    engine = ScriptedEngine(lambda role, m: "ans0")
+    pool = EnginePool(EngineConfig(), loader=lambda path, cfg: engine)
+    ev = EvalConfig(n_questions=1, systems={"native": {"workflow": "native", "n_questions": 3},
+                                            "native_trained": {"workflow": "native"}})
+    out = tmp_path / "out"
+    metrics = stage.run(LLMConfig(), MapsConfig(), ev, benchmarks=_prepared(tmp_path, n=4), results=out / "res",
+                        report=out / "eval.md", figures=out / "fig", differences=out / "compare.json",
+                        engines=pool)
+    assert [metrics["native"][b]["n"] for b in ("hotpotqa", "bamboogle")] == [3, 3]
+    assert [metrics["native_trained"][b]["n"] for b in ("hotpotqa", "bamboogle")] == [1, 1]
+    assert [e.question_id for e in read_episodes(out / "res" / "native" / "hotpotqa.jsonl")] == ["h0", "h1", "h2"]
+    d = json.loads((out / "compare.json").read_text())["native_trained vs native"]
+    assert (d["hotpotqa"]["n"], d["avg"]["n"]) == (1, 2)        # the first question of each benchmark, paired
+    md = (out / "eval.md").read_text()
+    assert "native: HotpotQA 3, Bamboogle 3; native_trained: HotpotQA 1, Bamboogle 1" in md
+    assert "| native | 3/3 |" in md
+    assert ev.max_questions() == 3 and "1 (native: 3)" in md
 
 
 def test_evaluate_stage_rejects_unknown_benchmarks(tmp_path):
@@ -282,8 +302,13 @@ def test_intervals_and_paired_differences_per_benchmark_and_on_the_average():
     assert bf1["significant"] is False and bf1["diff"] == 0
     assert d["good vs bad"]["avg"]["em"]["diff"] == 50.0 and d["good vs bad"]["avg"]["n"] == 20
     assert not any(d["good vs same"][b]["em"]["significant"] for b in ("hotpotqa", "bamboogle", "avg"))
-    with pytest.raises(ValueError, match="not run on the same questions"):
-        compare_systems({"good": good, "short": _scores([1.0] * 3, [1.0])}, [("good", "short")], cfg)
+    # a system that answered fewer questions is compared on the first n both answered, per benchmark
+    short = _scores([0.0] * 3, [1.0])
+    d = compare_systems({"good": good, "short": short}, [("good", "short")], cfg)["good vs short"]
+    assert (d["hotpotqa"]["n"], d["bamboogle"]["n"], d["avg"]["n"]) == (3, 1, 4)
+    assert d["hotpotqa"]["em"]["diff"] == 100.0 and d["bamboogle"]["f1"]["diff"] == 0.0
+    with pytest.raises(ValueError, match="not run on the same benchmarks"):
+        compare_systems({"good": good, "other": {"nq": short["hotpotqa"]}}, [("good", "other")], cfg)
 
 
 def test_report_marks_significant_differences_and_states_the_rule():
@@ -299,7 +324,7 @@ def test_report_marks_significant_differences_and_states_the_rule():
     md = report.report_markdown(m, ["hotpotqa", "bamboogle"], {}, (), diffs,
                                 {"resamples": 500, "seed": 3, "level": 0.9})
     assert "## Scores with 90 % intervals" in md and "(500 resamples, seed 3)" in md
-    assert "| native | 10.00 [1.00, 2.50] | 20.00 [3.00, 4.00] | 30.00 [1.00, 2.50] |" in md
+    assert "| native | 5/5 | 10.00 [1.00, 2.50] | 20.00 [3.00, 4.00] | 30.00 [1.00, 2.50] |" in md
     assert "| maps − native | HotpotQA | 5 | **+40.00 [20.00, 60.00]** † | -2.50 [-9.00, 4.00] |" in md
     assert "| maps − native | Avg | 10 | **+40.00 [25.00, 55.00]** † | 0.00 [-1.00, 1.00] |" in md
     assert "0 lies outside the interval" in md and "central 90 % of the resampled mean difference" in md

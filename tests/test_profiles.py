@@ -111,6 +111,10 @@ def test_paper_profile_sets_the_maps_choices_and_every_section_validates(tmp_pat
     ev = parse_section(merged, "eval", EvalConfig)
     assert ev.retriever == "data/indexes/dense" and {"ircot", "sure", "maps_rounds_3"} <= set(ev.systems)
     assert ev.baselines.ircot.max_iterations == 5 and ev.baselines.sure.max_candidates is None
+    # every row on every question: the default profile's per-system counts do not leak into the paper's table
+    assert {ev.questions_for(n) for n in ev.systems} == {100000}
+    default = parse_section(load_params(repo / "params.yaml"), "eval", EvalConfig)
+    assert default.questions_for("standard_rag") > default.questions_for("maps") > default.n_questions
     sp = parse_section(merged, "synthesize", SynthesizeParams)
     assert (sp.max_q1, sp.max_t2, sp.judge_candidates) == (8148, 10000, ["t2"])
     assert parse_section(merged, "train_answer", TrainAnswerParams).alpha == 0.5

@@ -64,13 +64,14 @@ class SystemSpec(Strict):
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
     model: str | None = None                  # every trained role of the workflow on this checkpoint (jointly trained
                                               # teams); the FROZEN_ROLES stay where they were
+    n_questions: int | None = Field(None, ge=1)  # first n of each benchmark for this row; None = eval.n_questions
 
 
 class EvalConfig(Strict):
     """The `eval` section of params.yaml."""
 
     benchmarks: list[str] | Literal["all"] = "all"  # names under data/prepared/benchmarks; "all": every file there
-    n_questions: int = Field(20, ge=1)              # first n questions of each benchmark
+    n_questions: int = Field(20, ge=1)              # first n questions of each benchmark (a system may set its own)
     retriever: str = "bm25"                          # which index the retrieval systems search
     systems: dict[str, SystemSpec]
     agents: dict[AgentRole, str] = Field(default_factory=dict)  # trained agent checkpoints (by role)
@@ -97,6 +98,13 @@ class EvalConfig(Strict):
                 raise ValueError(f"systems.{name}: trained_agents needs agents.qagent (the trained QAgent, e.g. "
                                  f"models/agents/qagent from train_joint@qagent), or base_roles: [qagent]")
         return self
+
+    def questions_for(self, name: str) -> int:
+        """How many questions of each benchmark system `name` answers (its own n_questions, else eval's)."""
+        return self.systems[name].n_questions or self.n_questions
+
+    def max_questions(self) -> int:
+        return max([self.n_questions, *(self.questions_for(n) for n in self.systems)])
 
 
 def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
@@ -283,12 +291,17 @@ def add_intervals(summary: dict[str, dict], scores: Mapping[str, Mapping[str, li
 def compare_systems(scores: Mapping[str, Mapping[str, Mapping[str, list[float]]]],
                     pairs: Sequence[tuple[str, str]], cfg: BootstrapConfig) -> dict[str, dict]:
     """{"a vs b": {"a", "b", benchmark | "avg": {"n", em/f1: {diff, lo, hi, n, significant}}}}: paired bootstrap
-    of a - b over the questions both systems answered (the same rows, in the same order)."""
+    of a - b over the questions both systems answered: each benchmark's first min(n_a, n_b) rows (systems answer a
+    prefix of every benchmark, `SystemSpec.n_questions`), so the pairs are the same questions in the same order."""
     out: dict[str, dict] = {}
     for a, b in pairs:
         sa, sb = scores[a], scores[b]
-        if list(sa) != list(sb) or any(len(sa[x]["em"]) != len(sb[x]["em"]) for x in sa):
-            raise ValueError(f"compare {a!r} with {b!r}: they were not run on the same questions")
+        if list(sa) != list(sb):
+            raise ValueError(f"compare {a!r} with {b!r}: they were not run on the same benchmarks "
+                             f"({list(sa)} vs {list(sb)})")
+        common = {x: min(len(sa[x]["em"]), len(sb[x]["em"])) for x in sa}
+        sa = {x: {k: v[: common[x]] for k, v in sa[x].items()} for x in sa}
+        sb = {x: {k: v[: common[x]] for k, v in sb[x].items()} for x in sb}
         res: dict = {"a": a, "b": b}
         for bench in sa:
             res[bench] = {"n": len(sa[bench]["em"])}

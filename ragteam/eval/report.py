@@ -59,10 +59,10 @@ def _with_ci(m: Mapping, key: str) -> str:
 def interval_table_markdown(metrics: Mapping, benchmarks: Sequence[str]) -> str:
     """Rows = systems; "EM [lo, hi]" and "F1 [lo, hi]" per benchmark and on the average (bootstrap interval)."""
     cols = [*benchmarks, "avg"]
-    head = ["Method"] + [f"{display(b) if b != 'avg' else 'Avg'} {k}" for b in cols for k in ("EM", "F1")]
+    head = ["Method", "n"] + [f"{display(b) if b != 'avg' else 'Avg'} {k}" for b in cols for k in ("EM", "F1")]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for system, per in metrics.items():
-        cells = [system]
+        cells = [system, "/".join(str(int(per[b]["n"])) for b in benchmarks if b in per)]
         for b in cols:
             cells += [_with_ci(per[b], "em"), _with_ci(per[b], "f1")] if b in per else ["–", "–"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -135,14 +135,23 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
                     bootstrap: Mapping | None = None) -> str:
     """The whole reports/eval.md: the table, how it was made, the intervals and paired differences (when given),
     and the plots (paths relative to the report)."""
-    n = {b: int(next(iter(metrics.values()))[b]["n"]) for b in benchmarks} if metrics else {}
+    counts = {system: tuple(int(per[b]["n"]) for b in benchmarks) for system, per in metrics.items()}
+    if len(set(counts.values())) <= 1:
+        n = next(iter(counts.values()), ())
+        questions = "Questions per benchmark: " + ", ".join(f"{display(b)} {k}" for b, k in zip(benchmarks, n)) + "."
+    else:  # systems with their own eval.systems.<name>.n_questions answer the first n of each benchmark
+        groups: dict[tuple, list[str]] = {}
+        for system, n in counts.items():
+            groups.setdefault(n, []).append(system)
+        questions = "Questions per benchmark (each system answers the first n): " + "; ".join(
+            f"{', '.join(names)}: " + ", ".join(f"{display(b)} {k}" for b, k in zip(benchmarks, n))
+            for n, names in groups.items()) + "."
     parts = ["# Evaluation", "",
              "EM / F1 / Acc in percent (FlashRAG normalisation, max over golden answers; Acc = a gold answer is "
              "contained in the prediction). Averages are unweighted over benchmarks, as in MAPS Table 1. Cost "
              "columns are means per question over all benchmarks: LLM calls, prompt + completion tokens, retrieval "
              "calls, wall seconds, and (where a workflow records it) passages handed to the answering model.", "",
-             table_markdown(metrics, benchmarks), "",
-             "Questions per benchmark: " + ", ".join(f"{display(b)} {n[b]}" for b in benchmarks) + ".", ""]
+             table_markdown(metrics, benchmarks), "", questions, ""]
     boot = {"resamples": 10_000, "seed": 0, "level": 0.95, **(bootstrap or {})}
     if metrics and "em_ci" in next(iter(metrics.values()))["avg"]:
         parts += [f"## Scores with {100 * boot['level']:g} % intervals", "",
