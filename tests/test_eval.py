@@ -142,7 +142,7 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path):
     assert metrics["maps"]["hotpotqa"]["em_ci"] == [0.0, 100.0] and metrics["maps"]["avg"]["em_ci"] == [0.0, 100.0]
     assert "| maps | 2/2 | 50.00 [0.00, 100.00] |" in md
     diffs = json.loads((out / "compare.json").read_text())
-    assert list(diffs) == ["maps vs maps_untrained"]                  # derived: trained MAPS vs untrained
+    assert list(diffs) == ["standard_rag vs native", "maps vs maps_untrained"]  # derived pairs
     d = diffs["maps vs maps_untrained"]                               # the scripted engine ignores the checkpoint
     assert (d["a"], d["b"], d["avg"]["n"]) == ("maps", "maps_untrained", 4)
     assert d["hotpotqa"]["f1"] == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "n": 2, "significant": False}
@@ -269,6 +269,9 @@ def test_comparison_pairs_derived_from_the_systems_or_given():
         "drag": {"workflow": "drag"}, "drag_trained": {"workflow": "drag"}}.items()}
     assert comparison_pairs(systems) == [("drag_trained", "drag"), ("maps", "maps_untrained"),
                                          ("maps", "maps_base_query"), ("maps", "maps_base_judge")]
+    with_native = {**systems, "native": SystemSpec(workflow="native")}
+    assert comparison_pairs(with_native)[0] == ("standard_rag", "native")   # does retrieval help at all
+    assert len(comparison_pairs(with_native)) == 5
     assert comparison_pairs(systems, [["maps", "drag"]]) == [("maps", "drag")]
     assert comparison_pairs(systems, []) == []                       # an explicit empty list turns them off
     two = {"maps": {"workflow": "maps"}, "m2": {"workflow": "maps"}}

@@ -141,3 +141,25 @@ def test_models_params_need_a_pinned_pypi_version_and_sha256():
         with pytest.raises(ParamsError, match=match):
             parse_section({"models": {"llm": llm, "encoder": enc}}, "models", ModelsParams)
     parse_section({"models": {"llm": {"source": "hf:org/name"}, "encoder": enc}}, "models", ModelsParams)
+
+
+def test_a_saved_tokenizer_does_not_record_how_it_was_loaded(tiny_llama, tmp_path):
+    """transformers copies `local_files_only` (from HF_HUB_OFFLINE, read at import) into tokenizer_config.json: the
+    same agent trained under `make repro` (offline) and under a bare `dvc repro` would hash differently."""
+    from transformers import AutoTokenizer
+
+    from ragteam.models import SESSION_TOKENIZER_KEYS
+
+    code = ("import sys; from transformers import AutoTokenizer; from ragteam.models import save_tokenizer; "
+            "t = AutoTokenizer.from_pretrained(sys.argv[1]); t.save_pretrained(sys.argv[2] + '/plain'); "
+            "save_tokenizer(t, sys.argv[2] + '/saved')")
+    for offline in ("1", "0"):
+        env = {**os.environ, "HF_HUB_OFFLINE": offline}
+        subprocess.run([sys.executable, "-c", code, str(tiny_llama), str(tmp_path / offline)], check=True, env=env,
+                       cwd=Path(__file__).resolve().parents[1])
+    read = lambda offline, kind: (tmp_path / offline / kind / "tokenizer_config.json").read_bytes()  # noqa: E731
+    assert read("1", "plain") != read("0", "plain")               # what transformers writes on its own differs
+    assert read("1", "saved") == read("0", "saved")               # what we save does not
+    cfg = json.loads(read("1", "saved"))
+    assert not set(cfg) & set(SESSION_TOKENIZER_KEYS) and cfg["eos_token"]
+    assert AutoTokenizer.from_pretrained(tmp_path / "1" / "saved").eos_token == cfg["eos_token"]  # still loads

@@ -244,14 +244,15 @@ def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequen
                      ) -> list[tuple[str, str]]:
     """[a, b] pairs whose difference a - b the report tests; `compare` (eval.compare) wins when given.
 
-    Derived rule, each pair oriented as (more trained, less trained): X_trained vs X for every system name that has
-    both; every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
+    Derived rule, each pair oriented as (more trained, less trained): standard_rag vs native when both are rows (does
+    retrieval help at all); X_trained vs X for every system name that has both; every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
     (no trained_agents, no fixed_rounds); the full trained MAPS system vs each ablation (trained_agents with
     base_roles, same fixed_rounds), so a positive difference is what the ablated trained agent adds.
     """
     if compare is not None:
         return [(a, b) for a, b in compare]
-    pairs = [(f"{x}_trained", x) for x in systems if f"{x}_trained" in systems]
+    pairs = [("standard_rag", "native")] if {"standard_rag", "native"} <= set(systems) else []
+    pairs += [(f"{x}_trained", x) for x in systems if f"{x}_trained" in systems]
     maps_ = {n: s for n, s in systems.items() if s.workflow == "maps"}
     full = [n for n, s in maps_.items() if s.trained_agents and not s.base_roles and s.fixed_rounds is None]
     untrained = [n for n, s in maps_.items() if not s.trained_agents and s.fixed_rounds is None]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ragteam.io import atomic_dir, write_json
+from ragteam.models import save_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def save_agent(result: TrainResult, out_dir: str | Path, card: str | None = None
     with atomic_dir(out_dir) as tmp:
         model = unwrap_model(result.model)
         model.save_pretrained(tmp, safe_serialization=True)
-        result.tokenizer.save_pretrained(tmp)
+        save_tokenizer(result.tokenizer, tmp)
         write_json(tmp / TRAIN_INFO, {"fingerprint": result.extra.get("fingerprint"),
                                       "global_step": result.global_step})
         if card is not None:
