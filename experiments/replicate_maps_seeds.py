@@ -32,8 +32,9 @@ sys.path.insert(0, str(REPO))
 from ragteam.eval.replicate import TRAINING_SEEDS  # noqa: E402
 
 STAGES = ("train_answer", "train_query", "label_judge", "train_judge", "evaluate_agents")
+OPTIONAL = ("evaluate",)          # the team: MAPS rows of the evaluate stage with this seed's agents (--stages)
 SHARED = ("data/prepared", "data/indexes", "data/synthesis", "models/llm")
-KEEP = ("metrics", "reports/eval_agents.md", "reports/training", "data/judge/t3_judge.jsonl",
+KEEP = ("metrics", "reports/eval_agents.md", "reports/eval.md", "reports/training", "data/judge/t3_judge.jsonl",
         "models/agents/answer/README.md", "models/agents/query/README.md", "models/agents/judge/README.md")
 
 
@@ -69,12 +70,13 @@ def workspace(source: Path, work: Path, seed: int, overrides: list[tuple[str, ob
     return work
 
 
-def run_seed(source: Path, out: Path, seed: int, overrides, env: dict) -> tuple[int, str | None, float]:
+def run_seed(source: Path, out: Path, seed: int, overrides, env: dict,
+             stages: tuple[str, ...] = STAGES) -> tuple[int, str | None, float]:
     t0 = time.perf_counter()
     work = workspace(source, out / "work" / f"seed{seed}", seed, overrides)
     logs = out / f"seed{seed}"
     logs.mkdir(parents=True, exist_ok=True)
-    for stage in STAGES:
+    for stage in stages:
         with open(logs / f"{stage}.log", "w") as log:
             print(f"seed {seed}: {stage} ...", flush=True)
             done = subprocess.run([sys.executable, "-m", f"stages.{stage}"], cwd=work, stdout=log,
@@ -89,8 +91,13 @@ def run_seed(source: Path, out: Path, seed: int, overrides, env: dict) -> tuple[
         elif src.is_file():
             (logs / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, logs / rel)
-    shutil.copy2(work / "metrics/eval_agents.json", out / f"seed{seed}.json")
-    shutil.copy2(work / "results/eval_agents/questions.json", out / f"seed{seed}.questions.json")
+    if "evaluate_agents" in stages:
+        shutil.copy2(work / "metrics/eval_agents.json", out / f"seed{seed}.json")
+        shutil.copy2(work / "results/eval_agents/questions.json", out / f"seed{seed}.questions.json")
+    if "evaluate" in stages:
+        shutil.copy2(work / "metrics/eval.json", out / f"seed{seed}.eval.json")
+        if (work / "metrics/eval_compare.json").exists():
+            shutil.copy2(work / "metrics/eval_compare.json", out / f"seed{seed}.eval_compare.json")
     return seed, None, time.perf_counter() - t0
 
 
@@ -100,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--jobs", type=int, default=1, help="seeds run at once")
+    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=[*STAGES, *OPTIONAL],
+                    help="stages to run, in this order (default: the five up to evaluate_agents); add `evaluate` for "
+                         "the team rows, restricted with --set eval.systems=... / eval.benchmarks=...")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a params.yaml override for every seed (YAML value), e.g. eval_agents.n_questions=100")
     a = ap.parse_args(argv)
@@ -112,15 +122,18 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     with ThreadPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(lambda s: run_seed(a.source.resolve(), a.out, s, overrides, env), a.seeds))
+        results = list(pool.map(lambda s: run_seed(a.source.resolve(), a.out, s, overrides, env,
+                                                                tuple(a.stages)), a.seeds))
     for seed, failed, secs in results:
         print(f"seed {seed}: {'FAILED at ' + failed if failed else 'done'} in {secs:.0f} s", flush=True)
     (a.out / "runs.json").write_text(json.dumps(
-        {"seeds": a.seeds, "overrides": a.set, "stages": STAGES,
+        {"seeds": a.seeds, "overrides": a.set, "stages": a.stages,
          "results": [{"seed": s, "failed_stage": f, "seconds": round(t, 1)} for s, f, t in results]}, indent=1))
     failed = [(s, f) for s, f, _ in results if f]
     if failed:
         sys.exit(f"failed: {', '.join(f'seed {s} at {f} (log: {a.out}/seed{s}/{f}.log)' for s, f in failed)}")
+    if "evaluate_agents" not in a.stages:
+        return
     subprocess.run([sys.executable, "-m", "ragteam.cli", "replicate", "summarize",
                     *[x for s in a.seeds for x in ("--metrics", str(a.out / f"seed{s}.json"))],
                     "--out-md", str(a.out / "replicate.md"), "--out-json", str(a.out / "replicate.json")],

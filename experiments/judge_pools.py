@@ -1,0 +1,118 @@
+"""Judge study (issue 10): does the judge reach > 60 % balanced accuracy when it is trained on more candidates that
+look like the ones it is tested on?
+
+Why this lever. `evaluate_agents` tests the judge on held-out questions with ONE retrieval pool each (the question
+as the query, top 3), and the reference is whether the trained answer agent's greedy answer over that pool is right.
+On `mirror:../shared/data` the positives are mostly comparison questions ("Who is older, A or B?", whose answer is in
+the question). The judge was trained on synthesis' 64 candidates: 51 debate snapshots of the hard questions (Q1,
+almost all `Insufficient`) and only 13 single-retrieval pools (T2, of the medium / easy questions) - 13 examples of
+the distribution it is tested on, 5 of them `Sufficient`. MAPS' own T2 has 10,000 questions; the 64-question
+synthesis budget of the CPU profile leaves it 13.
+
+What it does. A SOURCE workspace (after `synthesize`) is copied by links into OUT/source, with one change:
+`data/synthesis/judge_candidates.jsonl` = synthesis' candidates + single-retrieval pools (top `--top-k`, the T2
+builder `ragteam.train.synthesis.query_samples`) of the first `--extra` training-pool questions that synthesis did
+not use (source `extra/single_retrieval`). Then `experiments/replicate_maps_seeds.py` runs, per seed, the stages
+train_answer -> label_judge -> train_judge -> evaluate_agents (judge only, HotpotQA + 2Wiki, `--n` questions each)
+with the checkout's code and params, so the labels come from each seed's own trained answer agent.
+
+    python experiments/judge_pools.py --source ../m0 --out experiments/judge_pools --extra 64 --seeds 0 1 2
+
+Nothing in the library changes: if the lever works it becomes a param of `label_judge` / `synthesize`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+LINKED = ("data/prepared", "data/indexes", "models/llm")
+SYNTHESIS = "data/synthesis"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    sys.exit(f"{path}:{n}: not JSON ({e})")
+    return rows
+
+
+def build_source(source: Path, dest: Path, extra: int, top_k: int, retriever_dir: str) -> dict:
+    from ragteam.retrieval import open_retriever
+    from ragteam.train.synthesis import query_samples
+
+    for rel in (*LINKED, SYNTHESIS):
+        if not (source / rel).exists():
+            sys.exit(f"{source / rel}: missing (run `dvc repro synthesize` in {source} first)")
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in LINKED:
+        link = dest / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to((source / rel).resolve())
+    syn = dest / SYNTHESIS
+    syn.mkdir(parents=True, exist_ok=True)
+    for f in (source / SYNTHESIS).iterdir():
+        if f.name != "judge_candidates.jsonl":
+            target = syn / f.name
+            if target.is_symlink() or target.exists():
+                target.unlink()
+            target.symlink_to(f.resolve())
+    cands = read_jsonl(source / SYNTHESIS / "judge_candidates.jsonl")
+    used = {r["id"] for r in read_jsonl(source / SYNTHESIS / "difficulty.jsonl")}
+    pool = [r for r in read_jsonl(source / "data/prepared/train/pool.jsonl") if r["id"] not in used]
+    if len(pool) < extra:
+        sys.exit(f"--extra {extra}: only {len(pool)} training-pool questions were not used by synthesize")
+    with contextlib.chdir(dest):  # an index names its corpus relative to the workspace
+        retriever = open_retriever(retriever_dir)
+        added = [dict(s, source="extra/single_retrieval") for s in query_samples(pool[:extra], retriever, top_k)]
+    tmp = syn / "judge_candidates.jsonl.tmp"
+    with open(tmp, "w") as f:
+        for r in cands + added:
+            f.write(json.dumps(r) + "\n")
+    tmp.replace(syn / "judge_candidates.jsonl")
+    return {"synthesis_candidates": len(cands), "extra_candidates": len(added),
+            "by_source": dict(Counter(c["source"] for c in cands + added))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--source", type=Path, required=True, help="workspace after `synthesize` (mirror data)")
+    ap.add_argument("--out", type=Path, default=Path("experiments/judge_pools"))
+    ap.add_argument("--extra", type=int, default=64, help="single-retrieval pools of unsynthesised pool questions")
+    ap.add_argument("--top-k", type=int, default=3, help="passages per extra pool (synthesize.t2_top_k)")
+    ap.add_argument("--retriever", default="data/indexes/bm25/bm25s")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--n", type=int, default=100, help="held-out questions per benchmark for the judge")
+    ap.add_argument("--benchmarks", nargs="+", default=["hotpotqa", "2wikimultihopqa"])
+    ap.add_argument("--build-only", action="store_true", help="write OUT/source and stop")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    info = build_source(a.source.resolve(), a.out / "source", a.extra, a.top_k, a.retriever)
+    print(f"judge_pools: candidates {info}", flush=True)
+    (a.out / "candidates.json").write_text(json.dumps(info, indent=1))
+    if a.build_only:
+        return
+    subprocess.run([sys.executable, str(REPO / "experiments/replicate_maps_seeds.py"), "--source",
+                    str(a.out / "source"), "--out", str(a.out), "--seeds", *map(str, a.seeds), "--stages",
+                    "train_answer", "label_judge", "train_judge", "evaluate_agents",
+                    "--set", "eval_agents.agents=[judge]", "--set", f"eval_agents.benchmarks=[{', '.join(a.benchmarks)}]",
+                    "--set", f"eval_agents.n_questions={a.n}"], check=True)
+
+
+if __name__ == "__main__":
+    main()
