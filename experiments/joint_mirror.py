@@ -44,6 +44,24 @@ def max_weight_diff(a: Path, b: Path) -> float:
     return max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa if k in wb)
 
 
+def lj_intervals(results: Path, system: str, benchmarks: list[str], resamples: int = 10_000) -> dict:
+    """95 % bootstrap interval of LJ per benchmark and of their unweighted average, from the per-question
+    `metrics.lj` of results/<system>/<benchmark>.jsonl (the evaluate report gives intervals for EM and F1 only);
+    {} for a system without LJ (LJ is scored for DECOR systems by default)."""
+    from ragteam.eval.stats import mean_ci
+
+    per = {}
+    for b in benchmarks:
+        rows = [json.loads(line) for line in (results / system / f"{b}.jsonl").read_text().splitlines() if line]
+        if not rows or any("lj" not in r["metrics"] for r in rows):
+            return {}
+        per[b] = [float(r["metrics"]["lj"]) for r in rows]
+    ivs = {b: mean_ci(x, resamples=resamples) for b, x in per.items()}
+    ivs["avg"] = mean_ci([v for b in benchmarks for v in per[b]], [len(per[b]) for b in benchmarks],
+                         resamples=resamples)
+    return {b: [iv.lo, iv.hi] for b, iv in ivs.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--systems", nargs="+", default=list(PAIRS), choices=list(PAIRS))
@@ -104,6 +122,9 @@ def main() -> None:
                            for b in metrics[s]} for s in metrics},
             "compare": json.loads((out / "compare.json").read_text()),
         }
+        for s in systems:
+            for b, ci in lj_intervals(out / "results", s, args.benchmarks).items():
+                summary[system]["scores"][s][b]["lj_ci"] = ci
         summary_path.write_text(json.dumps(summary, indent=1))
         print(f"joint_mirror: {system} done: weights diff {diff:.3g}, {json.dumps(summary[system]['scores'])[:300]}",
               flush=True)
