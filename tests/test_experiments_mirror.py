@@ -1,0 +1,125 @@
+"""The mirror-study scripts: experiments/judge_pools.py (extra judge candidates), experiments/joint_mirror.py (LJ
+intervals from per-question results) and experiments/replicate_maps_seeds.py (a chosen subset of stages)."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers_agents import KeywordRetriever
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+judge_pools = _load("judge_pools")
+joint_mirror = _load("joint_mirror")
+replicate = _load("replicate_maps_seeds")
+
+
+def _jsonl(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _source(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    pool = [{"id": f"q{i}", "question": f"Where was person{i} born?", "golden_answers": [f"city{i}"]}
+            for i in range(6)]
+    _jsonl(src / "data/prepared/train/pool.jsonl", pool)
+    (src / "data/indexes/bm25/bm25s").mkdir(parents=True)
+    (src / "models/llm").mkdir(parents=True)
+    _jsonl(src / "data/synthesis/difficulty.jsonl", pool[:2])  # synthesis used q0, q1
+    _jsonl(src / "data/synthesis/t1_answer.jsonl", [{"id": "q0#t1_0"}])
+    _jsonl(src / "data/synthesis/judge_candidates.jsonl",
+           [{"id": "q0#t1_0", "question_id": "q0", "source": "t1/debate"},
+            {"id": "q1#t2_0", "question_id": "q1", "source": "t2/single_retrieval"}])
+    return src
+
+
+def test_judge_pools_adds_unused_pool_questions_after_synthesis_candidates(tmp_path, monkeypatch):
+    import ragteam.retrieval
+
+    src = _source(tmp_path)
+    passages = [(f"person{i}", f"person{i} was born in city{i}.") for i in range(6)]
+    opened = []
+    monkeypatch.setattr(ragteam.retrieval, "open_retriever",
+                        lambda path: opened.append((path, Path.cwd())) or KeywordRetriever(passages))
+    dest = tmp_path / "out/source"
+    info = judge_pools.build_source(src, dest, extra=3, top_k=2, retriever_dir="data/indexes/bm25/bm25s")
+    assert info == {"synthesis_candidates": 2, "extra_candidates": 3,
+                    "by_source": {"t1/debate": 1, "t2/single_retrieval": 1, "extra/single_retrieval": 3}}
+    # the index is opened from the new workspace (it names its corpus relative to it)
+    assert opened == [("data/indexes/bm25/bm25s", dest)]
+    rows = [json.loads(x) for x in (dest / "data/synthesis/judge_candidates.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows[:2]] == ["q0#t1_0", "q1#t2_0"]          # synthesis' own, unchanged, first
+    extra = rows[2:]
+    assert [r["question_id"] for r in extra] == ["q2", "q3", "q4"]       # not the ones synthesis used
+    assert all(r["source"] == "extra/single_retrieval" for r in extra)
+    assert extra[0]["pool"]["queries"] == ["Where was person2 born?"]    # one retrieval, the question as the query
+    assert "city2" in extra[0]["pool"]["docs"][0][0]["contents"]
+    # every other input is a link to the source, not a copy
+    for rel in ("data/prepared", "data/indexes", "models/llm", "data/synthesis/t1_answer.jsonl"):
+        assert (dest / rel).is_symlink()
+    assert not (dest / "data/synthesis/judge_candidates.jsonl").is_symlink()
+    assert (src / "data/synthesis/judge_candidates.jsonl").read_text().count("\n") == 2  # source untouched
+
+
+def test_judge_pools_refuses_more_extra_questions_than_the_pool_has(tmp_path, monkeypatch):
+    import ragteam.retrieval
+
+    monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda path: KeywordRetriever([("a", "b")]))
+    with pytest.raises(SystemExit, match="only 4 training-pool questions were not used"):
+        judge_pools.build_source(_source(tmp_path), tmp_path / "out", 5, 2, "data/indexes/bm25/bm25s")
+
+
+def test_lj_intervals_from_per_question_results(tmp_path):
+    res = tmp_path / "results"
+    _jsonl(res / "decor/a.jsonl", [{"metrics": {"lj": v}} for v in [1.0] * 10])
+    _jsonl(res / "decor/b.jsonl", [{"metrics": {"lj": v}} for v in [0.0] * 10])
+    out = joint_mirror.lj_intervals(res, "decor", ["a", "b"], resamples=200)
+    assert out == {"a": [100.0, 100.0], "b": [0.0, 0.0], "avg": [50.0, 50.0]}  # constant scores: no spread
+    _jsonl(res / "decor/c.jsonl", [{"metrics": {"lj": float(i % 2)}} for i in range(40)])
+    lo, hi = joint_mirror.lj_intervals(res, "decor", ["c"], resamples=500)["c"]
+    assert lo < 50.0 < hi
+    _jsonl(res / "mask/a.jsonl", [{"metrics": {"f1": 1.0}}])  # a system without LJ
+    assert joint_mirror.lj_intervals(res, "mask", ["a"]) == {}
+
+
+def test_replicate_runs_only_the_chosen_stages_and_keeps_their_outputs(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    for rel in replicate.SHARED:
+        (src / rel).mkdir(parents=True)
+    ran = []
+
+    def fake_run(cmd, cwd, **kw):  # a stage writes its metrics where the script looks for them
+        stage = cmd[-1].split(".")[-1]
+        ran.append(stage)
+        if stage == "evaluate":
+            (Path(cwd) / "metrics").mkdir(exist_ok=True)
+            (Path(cwd) / "metrics/eval.json").write_text('{"maps": {}}')
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(replicate.subprocess, "run", fake_run)
+    seed, failed, _ = replicate.run_seed(src, tmp_path / "out", 3, [("eval.n_questions", 5)], {},
+                                         stages=("train_answer", "evaluate"))
+    assert (seed, failed, ran) == (3, None, ["train_answer", "evaluate"])
+    assert json.loads((tmp_path / "out/seed3.eval.json").read_text()) == {"maps": {}}
+    assert not (tmp_path / "out/seed3.json").exists()              # evaluate_agents did not run
+    params = yaml.safe_load((tmp_path / "out/work/seed3/params.yaml").read_text())
+    assert params["eval"]["n_questions"] == 5 and params["train_answer"]["stage1"]["seed"] == 3
+
+
+def test_replicate_rejects_an_unknown_stage():
+    done = subprocess.run([sys.executable, str(REPO / "experiments/replicate_maps_seeds.py"), "--out", "/tmp/x",
+                           "--stages", "synthesize"], capture_output=True, text=True)
+    assert done.returncode == 2 and "invalid choice: 'synthesize'" in done.stderr
