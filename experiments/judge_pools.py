@@ -18,6 +18,11 @@ with the checkout's code and params, so the labels come from each seed's own tra
 
     python experiments/judge_pools.py --source ../m0 --out experiments/judge_pools --extra 64 --seeds 0 1 2
 
+Side by side (`--control`, after the run): for each seed, the judge is trained again on the same seed's labels minus
+the extra rows (the synthesis candidates alone, labelled by the same answer agent in the same run) and evaluated the
+same way, into OUT/control/; both sets are summarised by `ragteam replicate summarize` (OUT/replicate.md and
+OUT/control/replicate.md), so the two judges differ only in their training rows.
+
 Nothing in the library changes: if the lever works it becomes a param of `label_judge` / `synthesize`.
 """
 from __future__ import annotations
@@ -89,6 +94,45 @@ def build_source(source: Path, dest: Path, extra: int, top_k: int, retriever_dir
             "by_source": dict(Counter(c["source"] for c in cands + added))}
 
 
+def control(out: Path, seed: int, env: dict) -> None:
+    """The judge of seed `seed` retrained without the extra rows (same answer agent, same labels otherwise)."""
+    import shutil
+
+    run = out / "work" / f"seed{seed}"
+    if not (run / "data/judge/t3_judge.jsonl").is_file():
+        sys.exit(f"{run}: no data/judge/t3_judge.jsonl (run the study for seed {seed} first)")
+    work = out / "control" / "work" / f"seed{seed}"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    for d in ("ragteam", "stages"):
+        shutil.copytree(run / d, work / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(run / "params.yaml", work / "params.yaml")
+    for rel in (*LINKED, SYNTHESIS, "models/agents/answer"):
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).symlink_to((run / rel).resolve())
+    rows = [r for r in read_jsonl(run / "data/judge/t3_judge.jsonl") if not r["source"].startswith("extra/")]
+    (work / "data/judge").mkdir(parents=True)
+    (work / "data/judge/t3_judge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    logs = out / "control" / f"seed{seed}"
+    logs.mkdir(parents=True, exist_ok=True)
+    for stage in ("train_judge", "evaluate_agents"):
+        print(f"control seed {seed}: {stage} ...", flush=True)
+        with open(logs / f"{stage}.log", "w") as log:
+            subprocess.run([sys.executable, "-m", f"stages.{stage}"], cwd=work, stdout=log, stderr=subprocess.STDOUT,
+                           env={**env, "PYTHONPATH": str(work)}, check=True)
+    shutil.copytree(work / "metrics", logs / "metrics", dirs_exist_ok=True)
+    shutil.copy2(work / "metrics/eval_agents.json", out / "control" / f"seed{seed}.json")
+    shutil.copy2(work / "results/eval_agents/questions.json", out / "control" / f"seed{seed}.questions.json")
+
+
+def summarize(out: Path, seeds: list[int]) -> None:
+    subprocess.run([sys.executable, "-m", "ragteam.cli", "replicate", "summarize",
+                    *[x for s in seeds for x in ("--metrics", str(out / f"seed{s}.json"))],
+                    "--out-md", str(out / "replicate.md"), "--out-json", str(out / "replicate.json")],
+                   check=True, cwd=REPO)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", type=Path, required=True, help="workspace after `synthesize` (mirror data)")
@@ -100,8 +144,18 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100, help="held-out questions per benchmark for the judge")
     ap.add_argument("--benchmarks", nargs="+", default=["hotpotqa", "2wikimultihopqa"])
     ap.add_argument("--build-only", action="store_true", help="write OUT/source and stop")
+    ap.add_argument("--control", action="store_true",
+                    help="after a run: retrain and evaluate each seed's judge without the extra rows (OUT/control)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.control:
+        import os
+
+        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        for seed in a.seeds:
+            control(a.out.resolve(), seed, env)
+        summarize(a.out / "control", a.seeds)
+        return
     info = build_source(a.source.resolve(), a.out / "source", a.extra, a.top_k, a.retriever)
     print(f"judge_pools: candidates {info}", flush=True)
     (a.out / "candidates.json").write_text(json.dumps(info, indent=1))

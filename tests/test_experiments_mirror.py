@@ -123,3 +123,41 @@ def test_replicate_rejects_an_unknown_stage():
     done = subprocess.run([sys.executable, str(REPO / "experiments/replicate_maps_seeds.py"), "--out", "/tmp/x",
                            "--stages", "synthesize"], capture_output=True, text=True)
     assert done.returncode == 2 and "invalid choice: 'synthesize'" in done.stderr
+
+
+def test_judge_pools_control_retrains_on_the_same_labels_without_the_extra_rows(tmp_path, monkeypatch):
+    out = tmp_path / "study"
+    run = out / "work/seed1"
+    for d in ("ragteam", "stages", "data/prepared", "data/indexes", "data/synthesis", "models/llm",
+              "models/agents/answer"):
+        (run / d).mkdir(parents=True)
+    (run / "params.yaml").write_text("eval_agents: {agents: [judge]}\n")
+    _jsonl(run / "data/judge/t3_judge.jsonl",
+           [{"id": "a", "source": "t1/debate"}, {"id": "b", "source": "extra/single_retrieval"},
+            {"id": "c", "source": "t2/single_retrieval"}])
+    ran = []
+
+    def fake_run(cmd, cwd, **kw):
+        ran.append(cmd[-1])
+        work = Path(cwd)
+        if cmd[-1] == "stages.train_judge":  # what the judge is trained on
+            ran.append([json.loads(x)["id"] for x in (work / "data/judge/t3_judge.jsonl").read_text().splitlines()])
+        else:
+            (work / "metrics").mkdir(exist_ok=True)
+            (work / "metrics/eval_agents.json").write_text('{"avg": {}}')
+            (work / "results/eval_agents").mkdir(parents=True)
+            (work / "results/eval_agents/questions.json").write_text("{}")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(judge_pools.subprocess, "run", fake_run)
+    judge_pools.control(out, 1, {})
+    assert ran == ["stages.train_judge", ["a", "c"], "stages.evaluate_agents"]
+    work = out / "control/work/seed1"
+    assert (work / "models/agents/answer").resolve() == (run / "models/agents/answer").resolve()  # same answer agent
+    assert (work / "params.yaml").read_text() == (run / "params.yaml").read_text()
+    assert (out / "control/seed1.json").read_text() == '{"avg": {}}'
+    assert (out / "control/seed1.questions.json").is_file()
+    assert [json.loads(x)["id"] for x in (run / "data/judge/t3_judge.jsonl").read_text().splitlines()] == \
+        ["a", "b", "c"]  # the study's own labels untouched
+    with pytest.raises(SystemExit, match="no data/judge/t3_judge.jsonl"):
+        judge_pools.control(out, 2, {})
