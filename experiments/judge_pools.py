@@ -133,6 +133,60 @@ def summarize(out: Path, seeds: list[int]) -> None:
                    check=True, cwd=REPO)
 
 
+def side_by_side(out: Path, seeds: list[int], benchmarks: list[str], resamples: int = 10_000) -> dict:
+    """Balanced accuracy of the judge trained with the extra rows (OUT/seed<K>) vs without (OUT/control/seed<K>), per
+    seed and pooled (the mean over seeds of the per-seed difference), with a paired bootstrap over questions: both
+    judges of a seed are scored against the same reference (that seed's answer agent) on the same questions."""
+    import numpy as np
+
+    from ragteam.eval.stats import balanced_accuracy_statistic, difference, statistic_interval
+
+    def load(path: Path) -> dict:
+        if not path.is_file():
+            sys.exit(f"{path}: missing (run the study and --control for every seed first)")
+        return json.loads(path.read_text())["benchmarks"]
+
+    runs = {}
+    for seed in seeds:
+        ext, ctl = load(out / f"seed{seed}.questions.json"), load(out / "control" / f"seed{seed}.questions.json")
+        for b in benchmarks:
+            if ext[b]["ids"] != ctl[b]["ids"] or ext[b]["judge"]["trained"]["reference"] != \
+                    ctl[b]["judge"]["trained"]["reference"]:
+                sys.exit(f"seed {seed}, {b}: the two judges were not scored on the same questions and reference")
+        runs[seed] = {k: [x for b in benchmarks for x in q[b]["judge"]["trained"][f]]
+                      for k, q, f in (("extra", ext, "right"), ("control", ctl, "right"), ("reference", ext,
+                                                                                          "reference"))}
+        sizes = [len(ext[b]["ids"]) for b in benchmarks]
+    result: dict = {"seeds": seeds, "benchmarks": benchmarks, "per_seed": {}, "pooled": {}}
+    groups = {"avg": (0, sum(sizes), sizes)}
+    start = 0
+    for b, n in zip(benchmarks, sizes):
+        groups[b] = (start, start + n, [n])
+        start += n
+    for name, (lo, hi, gs) in groups.items():
+        stats = {}
+        for seed, r in runs.items():
+            ref = r["reference"][lo:hi]
+            stats[seed] = {k: balanced_accuracy_statistic(r[k][lo:hi], ref, gs) for k in ("extra", "control")}
+            iv = {k: statistic_interval(stats[seed][k], gs, resamples) for k in ("extra", "control")}
+            d = difference(stats[seed]["extra"], stats[seed]["control"], gs, resamples)
+            result["per_seed"].setdefault(str(seed), {})[name] = {
+                "extra": [iv["extra"].estimate, iv["extra"].lo, iv["extra"].hi],
+                "control": [iv["control"].estimate, iv["control"].lo, iv["control"].hi],
+                "diff": [d.diff, d.lo, d.hi]}
+
+        def pooled(k: str):
+            return lambda idx, k=k: np.mean([stats[s][k](idx) for s in stats], axis=0)
+
+        ivs = {k: statistic_interval(pooled(k), gs, resamples) for k in ("extra", "control")}
+        d = difference(pooled("extra"), pooled("control"), gs, resamples)
+        result["pooled"][name] = {"extra": [ivs["extra"].estimate, ivs["extra"].lo, ivs["extra"].hi],
+                                  "control": [ivs["control"].estimate, ivs["control"].lo, ivs["control"].hi],
+                                  "diff": [d.diff, d.lo, d.hi], "diff_excludes_zero": d.significant}
+    (out / "side_by_side.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", type=Path, required=True, help="workspace after `synthesize` (mirror data)")
@@ -155,6 +209,7 @@ def main() -> None:
         for seed in a.seeds:
             control(a.out.resolve(), seed, env)
         summarize(a.out / "control", a.seeds)
+        print(json.dumps(side_by_side(a.out, a.seeds, a.benchmarks)["pooled"], indent=1))
         return
     info = build_source(a.source.resolve(), a.out / "source", a.extra, a.top_k, a.retriever)
     print(f"judge_pools: candidates {info}", flush=True)

@@ -161,3 +161,25 @@ def test_judge_pools_control_retrains_on_the_same_labels_without_the_extra_rows(
         ["a", "b", "c"]  # the study's own labels untouched
     with pytest.raises(SystemExit, match="no data/judge/t3_judge.jsonl"):
         judge_pools.control(out, 2, {})
+
+
+def test_judge_pools_side_by_side_pairs_the_two_judges_of_each_seed(tmp_path):
+    def questions(right, reference, ids=("q1", "q2", "q3", "q4")):
+        return {"benchmarks": {"b": {"ids": list(ids), "judge": {"trained": {"right": right, "reference": reference}}}}}
+
+    ref = [1.0, 0.0, 1.0, 0.0]
+    (tmp_path / "control").mkdir()
+    for seed, (ext, ctl) in {0: ([1, 1, 1, 1], [0, 1, 0, 1]), 1: ([1, 1, 0, 1], [0, 1, 0, 1])}.items():
+        (tmp_path / f"seed{seed}.questions.json").write_text(json.dumps(questions([float(x) for x in ext], ref)))
+        (tmp_path / "control" / f"seed{seed}.questions.json").write_text(
+            json.dumps(questions([float(x) for x in ctl], ref)))
+    out = judge_pools.side_by_side(tmp_path, [0, 1], ["b"], resamples=300)
+    # seed 0: extra 100 (all right), control 50 (recall 0 on positives, 1 on negatives); seed 1: extra 75
+    assert out["per_seed"]["0"]["b"]["extra"][0] == 100.0 and out["per_seed"]["0"]["b"]["control"][0] == 50.0
+    assert out["per_seed"]["1"]["b"]["extra"][0] == 75.0 and out["per_seed"]["1"]["b"]["diff"][0] == 25.0
+    assert out["pooled"]["b"]["extra"][0] == 87.5 and out["pooled"]["b"]["diff"][0] == 37.5
+    assert out["pooled"]["avg"]["diff"][0] == 37.5
+    assert json.loads((tmp_path / "side_by_side.json").read_text())["pooled"] == out["pooled"]
+    (tmp_path / "control/seed1.questions.json").write_text(json.dumps(questions([0.0] * 4, [0.0, 0.0, 1.0, 0.0])))
+    with pytest.raises(SystemExit, match="seed 1, b: the two judges were not scored on the same questions"):
+        judge_pools.side_by_side(tmp_path, [0, 1], ["b"], resamples=10)
