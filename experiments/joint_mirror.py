@@ -49,10 +49,11 @@ def lj_intervals(results: Path, system: str, benchmarks: list[str], resamples: i
     `metrics.lj` of results/<system>/<benchmark>.jsonl (the evaluate report gives intervals for EM and F1 only);
     {} for a system without LJ (LJ is scored for DECOR systems by default)."""
     from ragteam.eval.stats import mean_ci
+    from ragteam.io import load_jsonl
 
     per = {}
     for b in benchmarks:
-        rows = [json.loads(line) for line in (results / system / f"{b}.jsonl").read_text().splitlines() if line]
+        rows = load_jsonl(results / system / f"{b}.jsonl")
         if not rows or any("lj" not in r["metrics"] for r in rows):
             return {}
         per[b] = [float(r["metrics"]["lj"]) for r in rows]

@@ -16,7 +16,8 @@ not use (source `extra/single_retrieval`). Then `experiments/replicate_maps_seed
 train_answer -> label_judge -> train_judge -> evaluate_agents (judge only, HotpotQA + 2Wiki, `--n` questions each)
 with the checkout's code and params, so the labels come from each seed's own trained answer agent.
 
-    python experiments/judge_pools.py --source ../m0 --out experiments/judge_pools --extra 64 --seeds 0 1 2
+    python experiments/judge_pools.py --source ../m0 --out experiments/judge_pools --extra 128 --seeds 0 1 2
+    python experiments/judge_pools.py --source ../m0 --out experiments/judge_pools --seeds 0 1 2 --control
 
 Side by side (`--control`, after the run): for each seed, the judge is trained again on the same seed's labels minus
 the extra rows (the synthesis candidates alone, labelled by the same answer agent in the same run) and evaluated the
@@ -43,19 +44,8 @@ LINKED = ("data/prepared", "data/indexes", "models/llm")
 SYNTHESIS = "data/synthesis"
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    sys.exit(f"{path}:{n}: not JSON ({e})")
-    return rows
-
-
 def build_source(source: Path, dest: Path, extra: int, top_k: int, retriever_dir: str) -> dict:
+    from ragteam.io import load_jsonl, write_jsonl
     from ragteam.retrieval import open_retriever
     from ragteam.train.synthesis import query_samples
 
@@ -77,19 +67,15 @@ def build_source(source: Path, dest: Path, extra: int, top_k: int, retriever_dir
             if target.is_symlink() or target.exists():
                 target.unlink()
             target.symlink_to(f.resolve())
-    cands = read_jsonl(source / SYNTHESIS / "judge_candidates.jsonl")
-    used = {r["id"] for r in read_jsonl(source / SYNTHESIS / "difficulty.jsonl")}
-    pool = [r for r in read_jsonl(source / "data/prepared/train/pool.jsonl") if r["id"] not in used]
+    cands = load_jsonl(source / SYNTHESIS / "judge_candidates.jsonl")
+    used = {r["id"] for r in load_jsonl(source / SYNTHESIS / "difficulty.jsonl")}
+    pool = [r for r in load_jsonl(source / "data/prepared/train/pool.jsonl") if r["id"] not in used]
     if len(pool) < extra:
         sys.exit(f"--extra {extra}: only {len(pool)} training-pool questions were not used by synthesize")
     with contextlib.chdir(dest):  # an index names its corpus relative to the workspace
         retriever = open_retriever(retriever_dir)
         added = [dict(s, source="extra/single_retrieval") for s in query_samples(pool[:extra], retriever, top_k)]
-    tmp = syn / "judge_candidates.jsonl.tmp"
-    with open(tmp, "w") as f:
-        for r in cands + added:
-            f.write(json.dumps(r) + "\n")
-    tmp.replace(syn / "judge_candidates.jsonl")
+    write_jsonl(syn / "judge_candidates.jsonl", cands + added)
     return {"synthesis_candidates": len(cands), "extra_candidates": len(added),
             "by_source": dict(Counter(c["source"] for c in cands + added))}
 
@@ -97,6 +83,8 @@ def build_source(source: Path, dest: Path, extra: int, top_k: int, retriever_dir
 def control(out: Path, seed: int, env: dict) -> None:
     """The judge of seed `seed` retrained without the extra rows (same answer agent, same labels otherwise)."""
     import shutil
+
+    from ragteam.io import load_jsonl, write_jsonl
 
     run = out / "work" / f"seed{seed}"
     if not (run / "data/judge/t3_judge.jsonl").is_file():
@@ -111,9 +99,8 @@ def control(out: Path, seed: int, env: dict) -> None:
     for rel in (*LINKED, SYNTHESIS, "models/agents/answer"):
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).symlink_to((run / rel).resolve())
-    rows = [r for r in read_jsonl(run / "data/judge/t3_judge.jsonl") if not r["source"].startswith("extra/")]
-    (work / "data/judge").mkdir(parents=True)
-    (work / "data/judge/t3_judge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = [r for r in load_jsonl(run / "data/judge/t3_judge.jsonl") if not r["source"].startswith("extra/")]
+    write_jsonl(work / "data/judge/t3_judge.jsonl", rows)
     logs = out / "control" / f"seed{seed}"
     logs.mkdir(parents=True, exist_ok=True)
     for stage in ("train_judge", "evaluate_agents"):
@@ -146,13 +133,17 @@ def side_by_side(out: Path, seeds: list[int], benchmarks: list[str], resamples: 
             sys.exit(f"{path}: missing (run the study and --control for every seed first)")
         return json.loads(path.read_text())["benchmarks"]
 
-    runs = {}
+    runs, ids = {}, None
     for seed in seeds:
         ext, ctl = load(out / f"seed{seed}.questions.json"), load(out / "control" / f"seed{seed}.questions.json")
         for b in benchmarks:
             if ext[b]["ids"] != ctl[b]["ids"] or ext[b]["judge"]["trained"]["reference"] != \
                     ctl[b]["judge"]["trained"]["reference"]:
                 sys.exit(f"seed {seed}, {b}: the two judges were not scored on the same questions and reference")
+        seed_ids = [ext[b]["ids"] for b in benchmarks]
+        if ids is not None and seed_ids != ids:  # pooling resamples one set of questions for every seed
+            sys.exit(f"seed {seed}: scored on other questions than seed {seeds[0]}; seeds cannot be pooled")
+        ids = seed_ids
         runs[seed] = {k: [x for b in benchmarks for x in q[b]["judge"]["trained"][f]]
                       for k, q, f in (("extra", ext, "right"), ("control", ctl, "right"), ("reference", ext,
                                                                                           "reference"))}
@@ -187,11 +178,38 @@ def side_by_side(out: Path, seeds: list[int], benchmarks: list[str], resamples: 
     return result
 
 
+def table(out: Path) -> str:
+    """The README's table: per seed the label counts and the two judges' balanced accuracy, then the pooled rows
+    (from OUT/side_by_side.json and each seed's label_judge metrics); written to OUT/side_by_side.md."""
+    sb = json.loads((out / "side_by_side.json").read_text())
+    names = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2Wiki", "avg": "Avg"}
+
+    def iv(v: list[float]) -> str:
+        return f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]".replace("-", "−")
+
+    lines = ["| seed | labels with extra (S / I) | labels without (S / I) | judge without extra | judge with extra | "
+             "with − without |", "|---|---|---|---:|---:|---:|"]
+    for seed in sb["seeds"]:
+        lab = json.loads((out / f"seed{seed}/metrics/label_judge.json").read_text())
+        own = [v for k, v in lab["by_source"].items() if not k.startswith("extra/")]
+        s_, i_ = (sum(v.get(x, 0) for v in own) for x in ("Sufficient Information", "Insufficient Information"))
+        r = sb["per_seed"][str(seed)]["avg"]
+        lines.append(f"| {seed} | {lab['Sufficient Information']} / {lab['Insufficient Information']} | {s_} / {i_} "
+                     f"| {iv(r['control'])} | {iv(r['extra'])} | {iv(r['diff'])} |")
+    for b in (*sb["benchmarks"], "avg"):
+        r = sb["pooled"][b]
+        diff = f"**{iv(r['diff'])}** †" if r["diff_excludes_zero"] else iv(r["diff"])
+        lines.append(f"| pooled, {names.get(b, b)} | | | {iv(r['control'])} | {iv(r['extra'])} | {diff} |")
+    text = "\n".join(lines) + "\n"
+    (out / "side_by_side.md").write_text(text)
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--source", type=Path, required=True, help="workspace after `synthesize` (mirror data)")
+    ap.add_argument("--source", type=Path, help="workspace after `synthesize` (mirror data); not with --control")
     ap.add_argument("--out", type=Path, default=Path("experiments/judge_pools"))
-    ap.add_argument("--extra", type=int, default=64, help="single-retrieval pools of unsynthesised pool questions")
+    ap.add_argument("--extra", type=int, default=128, help="single-retrieval pools of unsynthesised pool questions")
     ap.add_argument("--top-k", type=int, default=3, help="passages per extra pool (synthesize.t2_top_k)")
     ap.add_argument("--retriever", default="data/indexes/bm25/bm25s")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -209,8 +227,11 @@ def main() -> None:
         for seed in a.seeds:
             control(a.out.resolve(), seed, env)
         summarize(a.out / "control", a.seeds)
-        print(json.dumps(side_by_side(a.out, a.seeds, a.benchmarks)["pooled"], indent=1))
+        side_by_side(a.out, a.seeds, a.benchmarks)
+        print(table(a.out))
         return
+    if a.source is None:
+        ap.error("--source is required (except with --control)")
     info = build_source(a.source.resolve(), a.out / "source", a.extra, a.top_k, a.retriever)
     print(f"judge_pools: candidates {info}", flush=True)
     (a.out / "candidates.json").write_text(json.dumps(info, indent=1))

@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     with ThreadPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(lambda s: run_seed(a.source.resolve(), a.out, s, overrides, env,
-                                                                tuple(a.stages)), a.seeds))
+        results = list(pool.map(lambda s: run_seed(a.source.resolve(), a.out, s, overrides, env, tuple(a.stages)),
+                                a.seeds))
     for seed, failed, secs in results:
         print(f"seed {seed}: {'FAILED at ' + failed if failed else 'done'} in {secs:.0f} s", flush=True)
     (a.out / "runs.json").write_text(json.dumps(

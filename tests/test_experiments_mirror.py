@@ -119,6 +119,12 @@ def test_replicate_runs_only_the_chosen_stages_and_keeps_their_outputs(tmp_path,
     assert params["eval"]["n_questions"] == 5 and params["train_answer"]["stage1"]["seed"] == 3
 
 
+def test_judge_pools_needs_a_source_except_for_the_control(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "experiments/judge_pools.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--source is required (except with --control)" in done.stderr
+
+
 def test_replicate_rejects_an_unknown_stage():
     done = subprocess.run([sys.executable, str(REPO / "experiments/replicate_maps_seeds.py"), "--out", "/tmp/x",
                            "--stages", "synthesize"], capture_output=True, text=True)
@@ -180,6 +186,23 @@ def test_judge_pools_side_by_side_pairs_the_two_judges_of_each_seed(tmp_path):
     assert out["pooled"]["b"]["extra"][0] == 87.5 and out["pooled"]["b"]["diff"][0] == 37.5
     assert out["pooled"]["avg"]["diff"][0] == 37.5
     assert json.loads((tmp_path / "side_by_side.json").read_text())["pooled"] == out["pooled"]
+    for seed in (0, 1):
+        (tmp_path / f"seed{seed}/metrics").mkdir(parents=True)
+        (tmp_path / f"seed{seed}/metrics/label_judge.json").write_text(json.dumps(
+            {"Sufficient Information": 5, "Insufficient Information": 9,
+             "by_source": {"t1/debate": {"Insufficient Information": 4}, "extra/single_retrieval": {
+                 "Sufficient Information": 4, "Insufficient Information": 5},
+                 "t2/single_retrieval": {"Sufficient Information": 1}}}))
+    lines = judge_pools.table(tmp_path).splitlines()
+    assert lines[2].startswith("| 0 | 5 / 9 | 1 / 4 | 50.00 [") and "| 50.00 [" in lines[2]  # diff 50 for seed 0
+    assert lines[-1].startswith("| pooled, Avg | | | 50.00 [") and lines[-1].endswith("| 37.50 [0.00, 75.00] |")  # 0 inside: not bold
+    assert (tmp_path / "side_by_side.md").read_text().splitlines() == lines
+    (tmp_path / "seed1.questions.json").write_text(json.dumps(questions([1.0] * 4, ref, ("q1", "q2", "q3", "q9"))))
+    (tmp_path / "control/seed1.questions.json").write_text(
+        json.dumps(questions([1.0] * 4, ref, ("q1", "q2", "q3", "q9"))))
+    with pytest.raises(SystemExit, match="seed 1: scored on other questions than seed 0"):
+        judge_pools.side_by_side(tmp_path, [0, 1], ["b"], resamples=10)
+    (tmp_path / "seed1.questions.json").write_text(json.dumps(questions([1.0] * 4, ref)))
     (tmp_path / "control/seed1.questions.json").write_text(json.dumps(questions([0.0] * 4, [0.0, 0.0, 1.0, 0.0])))
     with pytest.raises(SystemExit, match="seed 1, b: the two judges were not scored on the same questions"):
         judge_pools.side_by_side(tmp_path, [0, 1], ["b"], resamples=10)
