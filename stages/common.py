@@ -78,6 +78,9 @@ class LabelJudgeParams(Strict):
     seed: int = 0
     max_candidates: int = Field(0, ge=0)  # first n judge candidates; 0 = all
     min_per_label: int = Field(1, ge=0)   # fewer of either label fails the stage (an SFT judge needs both)
+    # + single-retrieval pools (synthesize.retriever, top synthesize.t2_top_k, no LLM call) of the first n training-pool
+    # questions synthesize did not use: candidates shaped like the ones the judge meets at inference; 0 = none
+    extra_candidates: int = Field(0, ge=0)
 
 
 class TrainJudgeParams(Strict):
