@@ -24,7 +24,8 @@ the extra rows (the synthesis candidates alone, labelled by the same answer agen
 same way, into OUT/control/; both sets are summarised by `ragteam replicate summarize` (OUT/replicate.md and
 OUT/control/replicate.md), so the two judges differ only in their training rows.
 
-Nothing in the library changes: if the lever works it becomes a param of `label_judge` / `synthesize`.
+The lever is now the stage param `label_judge.extra_candidates` (its builder `stages.label_judge.extra_candidates`
+makes the extra rows here too; it gives the same 128 rows the study first built by hand).
 """
 from __future__ import annotations
 
@@ -45,9 +46,8 @@ SYNTHESIS = "data/synthesis"
 
 
 def build_source(source: Path, dest: Path, extra: int, top_k: int, retriever_dir: str) -> dict:
-    from ragteam.io import load_jsonl, write_jsonl
-    from ragteam.retrieval import open_retriever
-    from ragteam.train.synthesis import query_samples
+    from ragteam.io import DataError, load_jsonl, write_jsonl
+    from stages.label_judge import ExtraParams, extra_candidates
 
     for rel in (*LINKED, SYNTHESIS):
         if not (source / rel).exists():
@@ -68,13 +68,12 @@ def build_source(source: Path, dest: Path, extra: int, top_k: int, retriever_dir
                 target.unlink()
             target.symlink_to(f.resolve())
     cands = load_jsonl(source / SYNTHESIS / "judge_candidates.jsonl")
-    used = {r["id"] for r in load_jsonl(source / SYNTHESIS / "difficulty.jsonl")}
-    pool = [r for r in load_jsonl(source / "data/prepared/train/pool.jsonl") if r["id"] not in used]
-    if len(pool) < extra:
-        sys.exit(f"--extra {extra}: only {len(pool)} training-pool questions were not used by synthesize")
     with contextlib.chdir(dest):  # an index names its corpus relative to the workspace
-        retriever = open_retriever(retriever_dir)
-        added = [dict(s, source="extra/single_retrieval") for s in query_samples(pool[:extra], retriever, top_k)]
+        # the stage's own builder (label_judge.extra_candidates); the study ran before it existed, with the same rows
+        try:
+            added = extra_candidates(extra, ExtraParams(retriever=retriever_dir, t2_top_k=top_k))
+        except DataError as e:
+            sys.exit(f"--extra {extra}: {e}")
     write_jsonl(syn / "judge_candidates.jsonl", cands + added)
     return {"synthesis_candidates": len(cands), "extra_candidates": len(added),
             "by_source": dict(Counter(c["source"] for c in cands + added))}

@@ -78,7 +78,7 @@ def test_judge_pools_refuses_more_extra_questions_than_the_pool_has(tmp_path, mo
     import ragteam.retrieval
 
     monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda path: KeywordRetriever([("a", "b")]))
-    with pytest.raises(SystemExit, match="only 4 training-pool questions were not used"):
+    with pytest.raises(SystemExit, match=r"--extra 5: label_judge.extra_candidates = 5: only 4 of the 6 questions"):
         judge_pools.build_source(_source(tmp_path), tmp_path / "out", 5, 2, "data/indexes/bm25/bm25s")
 
 
