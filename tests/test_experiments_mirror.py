@@ -1,11 +1,13 @@
 """The mirror-study scripts: experiments/judge_pools.py (extra judge candidates), experiments/joint_mirror.py (LJ
-intervals from per-question results) and experiments/replicate_maps_seeds.py (a chosen subset of stages)."""
+intervals from per-question results), experiments/replicate_maps_seeds.py (a chosen subset of stages) and
+experiments/team_mirror.py (trained vs untrained MAPS per seed, paired with one untrained run)."""
 import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -24,6 +26,7 @@ def _load(name: str):
 judge_pools = _load("judge_pools")
 joint_mirror = _load("joint_mirror")
 replicate = _load("replicate_maps_seeds")
+team = _load("team_mirror")
 
 
 def _jsonl(path: Path, rows) -> None:
@@ -206,3 +209,65 @@ def test_judge_pools_side_by_side_pairs_the_two_judges_of_each_seed(tmp_path):
     (tmp_path / "control/seed1.questions.json").write_text(json.dumps(questions([0.0] * 4, [0.0, 0.0, 1.0, 0.0])))
     with pytest.raises(SystemExit, match="seed 1, b: the two judges were not scored on the same questions"):
         judge_pools.side_by_side(tmp_path, [0, 1], ["b"], resamples=10)
+
+
+def _episodes(results: Path, system: str, em: dict[str, list[float]], ids=None) -> None:
+    from ragteam.records import Episode, write_episodes
+
+    for b, xs in em.items():
+        write_episodes(results / system / f"{b}.jsonl", [
+            Episode(question_id=(ids or {}).get(b, [f"q{i}" for i in range(len(xs))])[i], question="q?",
+                    golden_answers=["a"], system=system, metrics={"em": x, "f1": x}) for i, x in enumerate(xs)])
+
+
+def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
+    n = 20
+    hp, tw = "hotpotqa", "2wikimultihopqa"
+    _episodes(tmp_path / "seed0/results", "maps_untrained", {hp: [0.0] * n, tw: [0.0] * n})
+    _episodes(tmp_path / "seed0/results", "maps", {hp: [1.0] * 4 + [0.0] * 16, tw: [1.0] * 10 + [0.0] * 10})
+    _episodes(tmp_path / "seed1/results", "maps", {hp: [0.0] * n, tw: [1.0] * 6 + [0.0] * 14})
+    r = team.summarize(tmp_path, [0, 1], resamples=500)
+    assert r["untrained_from"] == "seed0" and r["n"] == [n, n]
+    s0, s1, pooled = r["per_seed"]["0"], r["per_seed"]["1"], r["pooled"]
+    assert s0["hotpotqa"]["em"]["diff"][0] == pytest.approx(20.0) and s0["2wikimultihopqa"]["em"]["diff"][0] == 50.0
+    assert s0["avg"]["em"]["diff"][0] == pytest.approx(35.0) and s0["avg"]["em"]["diff_excludes_zero"]
+    assert s1["hotpotqa"]["em"]["diff"][0] == 0.0 and not s1["hotpotqa"]["em"]["diff_excludes_zero"]
+    # pooled = the mean over seeds of each seed's gain; its sd over seeds is reported next to it
+    assert pooled["avg"]["f1"]["diff"][0] == pytest.approx((35.0 + 15.0) / 2)
+    assert pooled["avg"]["f1"]["diff_per_seed"] == pytest.approx([35.0, 15.0])
+    assert pooled["2wikimultihopqa"]["em"]["diff_sd"] == pytest.approx(float(np.std([50.0, 30.0], ddof=1)))
+    md = (tmp_path / "team.md").read_text()
+    assert "| EM | Avg | 0.00 | 25.00 | +35.00, +15.00 | **+25.00 [" in md
+
+
+def test_team_summary_refuses_seeds_scored_on_other_questions(tmp_path):
+    hp, tw = "hotpotqa", "2wikimultihopqa"
+    _episodes(tmp_path / "seed0/results", "maps_untrained", {hp: [0.0] * 3, tw: [0.0] * 3})
+    _episodes(tmp_path / "seed0/results", "maps", {hp: [1.0] * 3, tw: [0.0] * 3})
+    _episodes(tmp_path / "seed1/results", "maps", {hp: [1.0] * 3, tw: [0.0] * 3}, ids={hp: ["x", "y", "z"]})
+    with pytest.raises(SystemExit, match="seed 1: maps was scored on other questions than seed0's maps_untrained"):
+        team.summarize(tmp_path, [0, 1], resamples=100)
+    with pytest.raises(SystemExit, match="no seed\\*/results/maps_untrained"):
+        team.summarize(tmp_path / "seed1", [1], resamples=100)
+
+
+def test_team_workspace_links_the_seed_agents_and_evaluates_untrained_only_once(tmp_path):
+    src = tmp_path / "agents/work/seed1"
+    for rel in ("models/agents/answer", "models/agents/judge"):
+        (src / rel).mkdir(parents=True)
+        (src / rel / "config.json").write_text("{}")
+    for rel in team.LINKED:
+        (src / rel).mkdir(parents=True)
+    (src / "params.yaml").write_text(yaml.safe_dump({"eval": {"benchmarks": "all", "n_questions": 8,
+                                                              "systems": {"native": {"workflow": "native"}}}}))
+    work = team.workspace(tmp_path / "agents", tmp_path / "w1", 1, 100, first=False, query_from=None)
+    p = yaml.safe_load((work / "params.yaml").read_text())["eval"]
+    assert p["benchmarks"] == ["hotpotqa", "2wikimultihopqa"] and p["n_questions"] == 100
+    assert p["systems"] == {"maps": {"workflow": "maps", "trained_agents": True}} and p["compare"] == []
+    assert (work / "models/agents/answer").resolve() == (src / "models/agents/answer").resolve()
+    assert (work / "stages/evaluate.py").is_file() and not (work / "models/agents/query").exists()
+    work = team.workspace(tmp_path / "agents", tmp_path / "w0", 1, 100, first=True, query_from=None)
+    p = yaml.safe_load((work / "params.yaml").read_text())["eval"]
+    assert list(p["systems"]) == ["maps_untrained", "maps"] and p["compare"] == [["maps", "maps_untrained"]]
+    with pytest.raises(SystemExit, match="seed2/params.yaml: missing"):
+        team.workspace(tmp_path / "agents", tmp_path / "w2", 2, 100, first=True, query_from=None)

@@ -1,0 +1,205 @@
+"""Team study (issue 10): trained MAPS vs untrained MAPS in the `evaluate` stage on `mirror:../shared/data`, per
+training seed with the paired bootstrap, and pooled over seeds.
+
+Per seed K, a workspace OUT/work/seed<K> gets this checkout's `ragteam/` and `stages/`, the seed's `params.yaml` and
+shared inputs from AGENTS/work/seed<K> (a run of experiments/judge_pools.py: the seed's answer agent from
+train_answer and its judge from label_judge with the 128 extra candidates + train_judge, which is what
+`label_judge.extra_candidates=128` gives), and links to both agents. Then, with the stage modules:
+  1. `train_query` (GRPO, ΔF1 of that seed's frozen answer agent), unless --query-from names a trained one;
+  2. `evaluate` with eval.benchmarks = HotpotQA + 2Wiki, `--n` questions each (held out from the training pool) and
+     eval.systems = {maps_untrained (every role the base model), maps (the three trained agents)}; the untrained
+     row uses no trained weights and greedy decoding, so later seeds run `maps` only and are paired with the first
+     seed's untrained episodes (checked: same question ids in the same order).
+
+Summary (`--summarize`): per seed and pooled (mean over seeds of the per-seed difference, questions resampled
+jointly for every seed), EM and F1 of maps − maps_untrained with the 95 % paired bootstrap, into OUT/team.json and
+OUT/team.md.
+
+    python experiments/team_mirror.py --agents experiments/judge_pools --out ../team --seeds 0 1 2
+    python experiments/team_mirror.py --out ../team --seeds 0 1 2 --summarize
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+LINKED = ("data/prepared", "data/indexes", "data/synthesis", "data/judge", "models/llm")
+BENCHMARKS = ["hotpotqa", "2wikimultihopqa"]
+UNTRAINED, TRAINED = "maps_untrained", "maps"
+KEYS = ("em", "f1")
+
+
+def workspace(agents: Path, work: Path, seed: int, n: int, first: bool, query_from: Path | None) -> Path:
+    src = agents / "work" / f"seed{seed}"
+    for rel in ("params.yaml", "models/agents/answer/config.json", "models/agents/judge/config.json"):
+        if not (src / rel).is_file():
+            sys.exit(f"{src / rel}: missing (run experiments/judge_pools.py for seed {seed} first)")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    for d in ("ragteam", "stages"):
+        shutil.copytree(REPO / d, work / d, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in (*LINKED, "models/agents/answer", "models/agents/judge"):
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).symlink_to((src / rel).resolve())
+    if query_from is not None:
+        if not (query_from / "config.json").is_file():
+            sys.exit(f"--query-from {query_from}: no trained query agent there")
+        (work / "models/agents/query").symlink_to(query_from.resolve())
+    params = yaml.safe_load((src / "params.yaml").read_text())
+    systems = {TRAINED: {"workflow": "maps", "trained_agents": True}}
+    if first:
+        systems = {UNTRAINED: {"workflow": "maps"}, **systems}
+    params["eval"].update(benchmarks=BENCHMARKS, n_questions=n, systems=systems,
+                          compare=[[TRAINED, UNTRAINED]] if first else [])
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return work
+
+
+def run_seed(work: Path, logs: Path, train_query: bool) -> None:
+    env = {**os.environ, "PYTHONPATH": str(work), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    logs.mkdir(parents=True, exist_ok=True)
+    for stage in (("train_query",) if train_query else ()) + ("evaluate",):
+        print(f"{work.name}: {stage} ...", flush=True)
+        with open(logs / f"{stage}.log", "w") as log:
+            done = subprocess.run([sys.executable, "-m", f"stages.{stage}"], cwd=work, stdout=log,
+                                  stderr=subprocess.STDOUT, env=env)
+        if done.returncode:
+            sys.exit(f"{work.name}: stage {stage} failed (exit {done.returncode}); log: {logs / f'{stage}.log'}")
+    shutil.copytree(work / "metrics", logs / "metrics", dirs_exist_ok=True)
+    shutil.copytree(work / "results", logs / "results", dirs_exist_ok=True)
+    for rel in ("reports/eval.md", "models/agents/query/README.md"):
+        if (work / rel).is_file():
+            shutil.copy2(work / rel, logs / Path(rel).name.replace("README", "query_agent"))
+
+
+def load_scores(results: Path, system: str) -> tuple[list[str], dict[str, list[float]], list[int]]:
+    """Question ids and per-question EM / F1 (0-1) of `system`, benchmarks in BENCHMARKS order."""
+    from ragteam.eval.evaluate import question_scores
+    from ragteam.records import read_episodes
+
+    ids, scores, sizes = [], {k: [] for k in KEYS}, []
+    for b in BENCHMARKS:
+        path = results / system / f"{b}.jsonl"
+        if not path.is_file():
+            sys.exit(f"{path}: missing (run the seed's evaluate first)")
+        eps = read_episodes(path)
+        ids += [f"{b}/{e.question_id}" for e in eps]
+        q = question_scores(eps)
+        for k in KEYS:
+            scores[k] += q[k]
+        sizes.append(len(eps))
+    return ids, scores, sizes
+
+
+def summarize(out: Path, seeds: list[int], resamples: int = 10_000) -> dict:
+    import numpy as np
+
+    from ragteam.eval.stats import difference, mean_statistic, statistic_interval
+
+    have = sorted(p.parent.parent for p in out.glob(f"seed*/results/{UNTRAINED}"))
+    if not have:
+        sys.exit(f"{out}: no seed*/results/{UNTRAINED} (the first seed evaluates it)")
+    base_ids, base, sizes = load_scores(have[0] / "results", UNTRAINED)
+    result_from = have[0].name
+    trained = {}
+    for s in seeds:
+        ids, sc, _ = load_scores(out / f"seed{s}" / "results", TRAINED)
+        if ids != base_ids:
+            sys.exit(f"seed {s}: maps was scored on other questions than {result_from}'s maps_untrained")
+        trained[s] = sc
+    groups = {"avg": (0, sum(sizes), sizes)}
+    start = 0
+    for b, n in zip(BENCHMARKS, sizes):
+        groups[b] = (start, start + n, [n])
+        start += n
+
+    def triple(iv) -> list[float]:
+        return [iv.estimate, iv.lo, iv.hi]
+
+    result: dict = {"seeds": seeds, "benchmarks": BENCHMARKS, "n": sizes, "untrained_from": result_from,
+                    "per_seed": {}, "pooled": {}}
+    for name, (lo, hi, gs) in groups.items():
+        for k in KEYS:
+            b_stat = mean_statistic(base[k][lo:hi], gs)
+            t_stats = {s: mean_statistic(trained[s][k][lo:hi], gs) for s in seeds}
+            for s in seeds:
+                d = difference(t_stats[s], b_stat, gs, resamples)
+                result["per_seed"].setdefault(str(s), {}).setdefault(name, {})[k] = {
+                    "untrained": triple(statistic_interval(b_stat, gs, resamples)),
+                    "trained": triple(statistic_interval(t_stats[s], gs, resamples)),
+                    "diff": [d.diff, d.lo, d.hi], "diff_excludes_zero": d.significant}
+
+            def pooled(idx, k=k):
+                return np.mean([t(idx) for t in t_stats.values()], axis=0)
+
+            d = difference(pooled, b_stat, gs, resamples)
+            per = [result["per_seed"][str(s)][name][k]["diff"][0] for s in seeds]
+            result["pooled"].setdefault(name, {})[k] = {
+                "untrained": triple(statistic_interval(b_stat, gs, resamples)),
+                "trained": triple(statistic_interval(pooled, gs, resamples)),
+                "diff": [d.diff, d.lo, d.hi], "diff_excludes_zero": d.significant,
+                "diff_per_seed": per, "diff_sd": float(np.std(per, ddof=1)) if len(per) > 1 else 0.0}
+    (out / "team.json").write_text(json.dumps(result, indent=1))
+    (out / "team.md").write_text(table(result))
+    return result
+
+
+def table(r: dict) -> str:
+    names = {"hotpotqa": "HotpotQA", "2wikimultihopqa": "2Wiki", "avg": "Avg"}
+
+    def iv(v: list[float], bold: bool = False) -> str:
+        s = f"{v[0]:+.2f} [{v[1]:.2f}, {v[2]:.2f}]".replace("-", "−")
+        return f"**{s}** †" if bold else s
+
+    lines = ["| metric | benchmark | maps_untrained | maps (trained), mean over seeds | gain per seed | "
+             "pooled gain [95 % CI] |", "|---|---|---:|---:|---|---:|"]
+    for k in KEYS:
+        for b in (*r["benchmarks"], "avg"):
+            p = r["pooled"][b][k]
+            per = ", ".join(f"{x:+.2f}" for x in p["diff_per_seed"])
+            lines.append(f"| {k.upper()} | {names[b]} | {p['untrained'][0]:.2f} | {p['trained'][0]:.2f} | {per} | "
+                         f"{iv(p['diff'], p['diff_excludes_zero'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--agents", type=Path, help="a judge_pools OUT dir (work/seed<K> with answer + judge agents)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--n", type=int, default=100, help="held-out questions per benchmark")
+    ap.add_argument("--query-from", type=Path, nargs="*", default=[],
+                    help="per seed, in --seeds order: an already trained query agent (skips train_query)")
+    ap.add_argument("--with-untrained", action="store_true",
+                    help="evaluate maps_untrained in the first of --seeds (on by default when OUT has none yet)")
+    ap.add_argument("--summarize", action="store_true", help="only summarise OUT/seed<K>/results")
+    a = ap.parse_args()
+    if not a.summarize:
+        if a.agents is None:
+            ap.error("--agents is required (except with --summarize)")
+        if a.query_from and len(a.query_from) != len(a.seeds):
+            ap.error("--query-from needs one path per seed")
+        a.out.mkdir(parents=True, exist_ok=True)
+        for i, seed in enumerate(a.seeds):
+            first = a.with_untrained or (i == 0 and not any(a.out.glob(f"seed*/results/{UNTRAINED}")))
+            q = a.query_from[i] if a.query_from else None
+            work = workspace(a.agents.resolve(), a.out.resolve() / "work" / f"seed{seed}", seed, a.n, first, q)
+            run_seed(work, a.out / f"seed{seed}", train_query=q is None)
+        return
+    print(table(summarize(a.out, a.seeds)))
+
+
+if __name__ == "__main__":
+    main()
