@@ -74,6 +74,9 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
             n = ev.questions_for(name)
             rows = [dict(r, _benchmark=b) for b, rs in qa.items() for r in rs[:n]]
             team = make_team(engines, spec, ev.agents, llm.model, llm.sampling, cfgs.decor.frozen_roles())
+            team.on_call = lambda role, k, s, name=name, ts=ts: print(
+                f"evaluate: {name}: {role} on {k} prompts, {s:.1f} s (system {time.perf_counter() - ts:.0f} s)",
+                flush=True)
             eps = run_system(spec, rows, team, retriever, cfgs, name, ev.lj == "all")
             per = {}
             for b in qa:

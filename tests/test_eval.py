@@ -110,7 +110,7 @@ def _prepared(tmp_path, n=3):
     return bench
 
 
-def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path):
+def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path, capsys):
     def reply(role, m):
         text = m[-1]["content"]
         i = text.split("q", 1)[1].split("r0", 1)[0]
@@ -147,6 +147,9 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path):
     assert (d["a"], d["b"], d["avg"]["n"]) == ("maps", "maps_untrained", 4)
     assert d["hotpotqa"]["f1"] == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "n": 2, "significant": False}
     assert "## Differences" in md and "| maps − maps_untrained | HotpotQA | 2 | 0.00 [0.00, 0.00] |" in md
+    # progress while a system runs: one line per engine call (maps: query, judge, answer over 4 questions)
+    log = capsys.readouterr().out
+    assert "evaluate: maps: query_agent on 4 prompts" in log and "evaluate: maps: answer_agent on 4 prompts" in log
 
 
 def test_a_system_with_its_own_n_questions_answers_that_prefix_and_pairs_on_the_common_one(tmp_path):

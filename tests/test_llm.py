@@ -150,6 +150,12 @@ def test_team_sampling_per_role_and_n_forced_to_one_for_complete():
     team.complete("query_agent", [[{"role": "user", "content": "x"}]])
     assert [(s.max_new_tokens, s.n) for s in seen] == [(3, 1), (3, 4), (5, 1)]
     assert team.generate("x", []) == [] and team.calls == {"judge_agent": 2, "query_agent": 1}
+    # progress hook: every engine call reports its role, batch size and time (no call for an empty batch)
+    heard = []
+    team.on_call = lambda role, k, s: heard.append((role, k, s >= 0))
+    team.complete("answer_agent", [[{"role": "user", "content": "x"}]] * 3)
+    team.generate("x", [])
+    assert heard == [("answer_agent", 3, True)]
 
 
 def test_llm_params_are_strict():

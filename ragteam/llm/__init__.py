@@ -6,6 +6,7 @@ distinct model path once, so three MAPS agents that share a checkpoint share one
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -145,6 +146,8 @@ class Team:
         self._engine_for = engines if callable(engines) and not hasattr(engines, "generate") else (lambda _r: engines)
         self.sampling = dict(sampling or {})
         self.calls: dict[str, int] = {}
+        # called after every engine call with (role, prompts, seconds): progress of long runs (stage evaluate)
+        self.on_call: Callable[[str, int, float], None] | None = None
 
     def engine(self, role: str) -> Engine:
         return self._engine_for(role)
@@ -157,7 +160,11 @@ class Team:
         if not prompts:
             return []
         self.calls[role] = self.calls.get(role, 0) + 1
-        return self.engine(role).generate(prompts, sampling or self.sampling_for(role))
+        t0 = time.perf_counter()
+        out = self.engine(role).generate(prompts, sampling or self.sampling_for(role))
+        if self.on_call is not None:
+            self.on_call(role, len(prompts), time.perf_counter() - t0)
+        return out
 
     def complete(self, role: str, prompts: list[Messages], sampling: SamplingConfig | None = None
                  ) -> list[Completion]:
