@@ -11,7 +11,8 @@ train_answer and its judge from label_judge with the 128 extra candidates + trai
      row uses no trained weights and greedy decoding, so later seeds run `maps` only and are paired with the first
      seed's untrained episodes (checked: same question ids in the same order).
 
-Summary (`--summarize`): per seed and pooled (mean over seeds of the per-seed difference, questions resampled
+Kept per seed in OUT/seed<K>/: the stage metrics, the query agent's card, the report and `scores.json` (per question:
+id, final answer, EM, F1). Summary (`--summarize`): per seed and pooled (mean over seeds of the per-seed difference, questions resampled
 jointly for every seed), EM and F1 of maps − maps_untrained with the 95 % paired bootstrap, into OUT/team.json and
 OUT/team.md.
 
@@ -78,28 +79,47 @@ def run_seed(work: Path, logs: Path, train_query: bool) -> None:
         if done.returncode:
             sys.exit(f"{work.name}: stage {stage} failed (exit {done.returncode}); log: {logs / f'{stage}.log'}")
     shutil.copytree(work / "metrics", logs / "metrics", dirs_exist_ok=True)
-    shutil.copytree(work / "results", logs / "results", dirs_exist_ok=True)
+    write_scores(work / "results/eval", logs / "scores.json")
     for rel in ("reports/eval.md", "models/agents/query/README.md"):
         if (work / rel).is_file():
             shutil.copy2(work / rel, logs / Path(rel).name.replace("README", "query_agent"))
 
 
-def load_scores(results: Path, system: str) -> tuple[list[str], dict[str, list[float]], list[int]]:
-    """Question ids and per-question EM / F1 (0-1) of `system`, benchmarks in BENCHMARKS order."""
+def write_scores(results: Path, out: Path) -> dict:
+    """The per-question record kept in git (the Episodes stay in the work dir: ~3 MB per system): for every system
+    and benchmark of an evaluate run, each question's id, final answer, EM and F1 (0-1)."""
     from ragteam.eval.evaluate import question_scores
     from ragteam.records import read_episodes
 
+    kept: dict = {}
+    for sdir in sorted(p for p in results.iterdir() if p.is_dir()):
+        for b in BENCHMARKS:
+            path = sdir / f"{b}.jsonl"
+            if not path.is_file():
+                sys.exit(f"{path}: missing (the seed's evaluate did not finish)")
+            eps = read_episodes(path)
+            q = question_scores(eps)
+            kept.setdefault(sdir.name, {})[b] = [
+                {"id": e.question_id, "answer": e.final_answer, **{k: q[k][i] for k in KEYS}}
+                for i, e in enumerate(eps)]
+    out.write_text(json.dumps(kept, indent=0))
+    return kept
+
+
+def load_scores(scores_file: Path, system: str) -> tuple[list[str], dict[str, list[float]], list[int]]:
+    """Question ids and per-question EM / F1 (0-1) of `system`, benchmarks in BENCHMARKS order."""
+    if not scores_file.is_file():
+        sys.exit(f"{scores_file}: missing (run the seed's evaluate first)")
+    kept = json.loads(scores_file.read_text())
+    if system not in kept:
+        sys.exit(f"{scores_file}: no {system} rows")
     ids, scores, sizes = [], {k: [] for k in KEYS}, []
     for b in BENCHMARKS:
-        path = results / system / f"{b}.jsonl"
-        if not path.is_file():
-            sys.exit(f"{path}: missing (run the seed's evaluate first)")
-        eps = read_episodes(path)
-        ids += [f"{b}/{e.question_id}" for e in eps]
-        q = question_scores(eps)
+        rows = kept[system][b]
+        ids += [f"{b}/{r['id']}" for r in rows]
         for k in KEYS:
-            scores[k] += q[k]
-        sizes.append(len(eps))
+            scores[k] += [r[k] for r in rows]
+        sizes.append(len(rows))
     return ids, scores, sizes
 
 
@@ -108,14 +128,14 @@ def summarize(out: Path, seeds: list[int], resamples: int = 10_000) -> dict:
 
     from ragteam.eval.stats import difference, mean_statistic, statistic_interval
 
-    have = sorted(p.parent.parent for p in out.glob(f"seed*/results/{UNTRAINED}"))
+    have = sorted(p.parent for p in out.glob("seed*/scores.json") if UNTRAINED in json.loads(p.read_text()))
     if not have:
-        sys.exit(f"{out}: no seed*/results/{UNTRAINED} (the first seed evaluates it)")
-    base_ids, base, sizes = load_scores(have[0] / "results", UNTRAINED)
+        sys.exit(f"{out}: no seed*/scores.json with {UNTRAINED} rows (the first seed evaluates it)")
+    base_ids, base, sizes = load_scores(have[0] / "scores.json", UNTRAINED)
     result_from = have[0].name
     trained = {}
     for s in seeds:
-        ids, sc, _ = load_scores(out / f"seed{s}" / "results", TRAINED)
+        ids, sc, _ = load_scores(out / f"seed{s}" / "scores.json", TRAINED)
         if ids != base_ids:
             sys.exit(f"seed {s}: maps was scored on other questions than {result_from}'s maps_untrained")
         trained[s] = sc
@@ -184,7 +204,7 @@ def main() -> None:
                     help="per seed, in --seeds order: an already trained query agent (skips train_query)")
     ap.add_argument("--with-untrained", action="store_true",
                     help="evaluate maps_untrained in the first of --seeds (on by default when OUT has none yet)")
-    ap.add_argument("--summarize", action="store_true", help="only summarise OUT/seed<K>/results")
+    ap.add_argument("--summarize", action="store_true", help="only summarise OUT/seed<K>/scores.json")
     a = ap.parse_args()
     if not a.summarize:
         if a.agents is None:
@@ -193,7 +213,8 @@ def main() -> None:
             ap.error("--query-from needs one path per seed")
         a.out.mkdir(parents=True, exist_ok=True)
         for i, seed in enumerate(a.seeds):
-            first = a.with_untrained or (i == 0 and not any(a.out.glob(f"seed*/results/{UNTRAINED}")))
+            first = a.with_untrained or (i == 0 and not any(
+                UNTRAINED in json.loads(p.read_text()) for p in a.out.glob("seed*/scores.json")))
             q = a.query_from[i] if a.query_from else None
             work = workspace(a.agents.resolve(), a.out.resolve() / "work" / f"seed{seed}", seed, a.n, first, q)
             run_seed(work, a.out / f"seed{seed}", train_query=q is None)

@@ -211,22 +211,29 @@ def test_judge_pools_side_by_side_pairs_the_two_judges_of_each_seed(tmp_path):
         judge_pools.side_by_side(tmp_path, [0, 1], ["b"], resamples=10)
 
 
-def _episodes(results: Path, system: str, em: dict[str, list[float]], ids=None) -> None:
+def _episodes(seed_dir: Path, system: str, em: dict[str, list[float]], ids=None) -> None:
+    """Episodes as the evaluate stage writes them, then the seed's scores.json as team_mirror keeps it."""
     from ragteam.records import Episode, write_episodes
 
+    results = seed_dir / "work_results"
     for b, xs in em.items():
         write_episodes(results / system / f"{b}.jsonl", [
             Episode(question_id=(ids or {}).get(b, [f"q{i}" for i in range(len(xs))])[i], question="q?",
-                    golden_answers=["a"], system=system, metrics={"em": x, "f1": x}) for i, x in enumerate(xs)])
+                    golden_answers=["a"], system=system, final_answer=f"a{i}", metrics={"em": x, "f1": x})
+            for i, x in enumerate(xs)])
+    team.write_scores(results, seed_dir / "scores.json")
 
 
 def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
     n = 20
     hp, tw = "hotpotqa", "2wikimultihopqa"
-    _episodes(tmp_path / "seed0/results", "maps_untrained", {hp: [0.0] * n, tw: [0.0] * n})
-    _episodes(tmp_path / "seed0/results", "maps", {hp: [1.0] * 4 + [0.0] * 16, tw: [1.0] * 10 + [0.0] * 10})
-    _episodes(tmp_path / "seed1/results", "maps", {hp: [0.0] * n, tw: [1.0] * 6 + [0.0] * 14})
+    _episodes(tmp_path / "seed0", "maps_untrained", {hp: [0.0] * n, tw: [0.0] * n})
+    _episodes(tmp_path / "seed0", "maps", {hp: [1.0] * 4 + [0.0] * 16, tw: [1.0] * 10 + [0.0] * 10})
+    _episodes(tmp_path / "seed1", "maps", {hp: [0.0] * n, tw: [1.0] * 6 + [0.0] * 14})
     r = team.summarize(tmp_path, [0, 1], resamples=500)
+    kept = json.loads((tmp_path / "seed0/scores.json").read_text())
+    assert sorted(kept) == ["maps", "maps_untrained"]
+    assert kept["maps"]["hotpotqa"][0] == {"id": "q0", "answer": "a0", "em": 1.0, "f1": 1.0}
     assert r["untrained_from"] == "seed0" and r["n"] == [n, n]
     s0, s1, pooled = r["per_seed"]["0"], r["per_seed"]["1"], r["pooled"]
     assert s0["hotpotqa"]["em"]["diff"][0] == pytest.approx(20.0) and s0["2wikimultihopqa"]["em"]["diff"][0] == 50.0
@@ -242,12 +249,12 @@ def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
 
 def test_team_summary_refuses_seeds_scored_on_other_questions(tmp_path):
     hp, tw = "hotpotqa", "2wikimultihopqa"
-    _episodes(tmp_path / "seed0/results", "maps_untrained", {hp: [0.0] * 3, tw: [0.0] * 3})
-    _episodes(tmp_path / "seed0/results", "maps", {hp: [1.0] * 3, tw: [0.0] * 3})
-    _episodes(tmp_path / "seed1/results", "maps", {hp: [1.0] * 3, tw: [0.0] * 3}, ids={hp: ["x", "y", "z"]})
+    _episodes(tmp_path / "seed0", "maps_untrained", {hp: [0.0] * 3, tw: [0.0] * 3})
+    _episodes(tmp_path / "seed0", "maps", {hp: [1.0] * 3, tw: [0.0] * 3})
+    _episodes(tmp_path / "seed1", "maps", {hp: [1.0] * 3, tw: [0.0] * 3}, ids={hp: ["x", "y", "z"]})
     with pytest.raises(SystemExit, match="seed 1: maps was scored on other questions than seed0's maps_untrained"):
         team.summarize(tmp_path, [0, 1], resamples=100)
-    with pytest.raises(SystemExit, match="no seed\\*/results/maps_untrained"):
+    with pytest.raises(SystemExit, match="no seed\\*/scores.json with maps_untrained rows"):
         team.summarize(tmp_path / "seed1", [1], resamples=100)
 
 
