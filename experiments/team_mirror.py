@@ -188,7 +188,7 @@ def table(r: dict) -> str:
     for k in KEYS:
         for b in (*r["benchmarks"], "avg"):
             p = r["pooled"][b][k]
-            per = ", ".join(f"{x:+.2f}" for x in p["diff_per_seed"])
+            per = ", ".join(f"{x:+.2f}" for x in p["diff_per_seed"]).replace("-", "−")
             lines.append(f"| {k.upper()} | {names[b]} | {p['untrained'][0]:.2f} | {p['trained'][0]:.2f} | {per} | "
                          f"{iv(p['diff'], p['diff_excludes_zero'])} |")
     return "\n".join(lines) + "\n"
