@@ -13,7 +13,7 @@ train_answer and its judge from label_judge with the 128 extra candidates + trai
 
 Kept per seed in OUT/seed<K>/: the stage metrics, the query agent's card, the report and `scores.json` (per question:
 id, final answer, EM, F1). Summary (`--summarize`): per seed and pooled (mean over seeds of the per-seed difference, questions resampled
-jointly for every seed), EM and F1 of maps − maps_untrained with the 95 % paired bootstrap, into OUT/team.json and
+jointly for every seed; and mean ± sd with a t-interval over seeds, `ragteam.eval.stats.seed_summary`), EM and F1 of maps − maps_untrained with the 95 % paired bootstrap, into OUT/team.json and
 OUT/team.md.
 
     python experiments/team_mirror.py --agents experiments/judge_pools --out ../team --seeds 0 1 2
@@ -126,7 +126,7 @@ def load_scores(scores_file: Path, system: str) -> tuple[list[str], dict[str, li
 def summarize(out: Path, seeds: list[int], resamples: int = 10_000) -> dict:
     import numpy as np
 
-    from ragteam.eval.stats import difference, mean_statistic, statistic_interval
+    from ragteam.eval.stats import difference, mean_statistic, seed_summary, statistic_interval
 
     have = sorted(p.parent for p in out.glob("seed*/scores.json") if UNTRAINED in json.loads(p.read_text()))
     if not have:
@@ -170,7 +170,7 @@ def summarize(out: Path, seeds: list[int], resamples: int = 10_000) -> dict:
                 "untrained": triple(statistic_interval(b_stat, gs, resamples)),
                 "trained": triple(statistic_interval(pooled, gs, resamples)),
                 "diff": [d.diff, d.lo, d.hi], "diff_excludes_zero": d.significant,
-                "diff_per_seed": per, "diff_sd": float(np.std(per, ddof=1)) if len(per) > 1 else 0.0}
+                "diff_per_seed": per, "over_seeds": seed_summary(per).to_dict()}  # mean ± sd, t-interval
     (out / "team.json").write_text(json.dumps(result, indent=1))
     (out / "team.md").write_text(table(result))
     return result
@@ -183,14 +183,19 @@ def table(r: dict) -> str:
         s = f"{v[0]:+.2f} [{v[1]:.2f}, {v[2]:.2f}]".replace("-", "−")
         return f"**{s}** †" if bold else s
 
+    def over_seeds(g: dict) -> str:
+        if g["sd"] is None:
+            return "–"
+        return f"{g['mean']:+.2f} ± {g['sd']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}]".replace("-", "−")
+
     lines = ["| metric | benchmark | maps_untrained | maps (trained), mean over seeds | gain per seed | "
-             "pooled gain [95 % CI] |", "|---|---|---:|---:|---|---:|"]
+             "gain over seeds: mean ± sd [t-interval] | pooled gain [95 % CI] |", "|---|---|---:|---:|---|---:|---:|"]
     for k in KEYS:
         for b in (*r["benchmarks"], "avg"):
             p = r["pooled"][b][k]
             per = ", ".join(f"{x:+.2f}" for x in p["diff_per_seed"]).replace("-", "−")
             lines.append(f"| {k.upper()} | {names[b]} | {p['untrained'][0]:.2f} | {p['trained'][0]:.2f} | {per} | "
-                         f"{iv(p['diff'], p['diff_excludes_zero'])} |")
+                         f"{over_seeds(p['over_seeds'])} | {iv(p['diff'], p['diff_excludes_zero'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -242,9 +242,11 @@ def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
     # pooled = the mean over seeds of each seed's gain; its sd over seeds is reported next to it
     assert pooled["avg"]["f1"]["diff"][0] == pytest.approx((35.0 + 15.0) / 2)
     assert pooled["avg"]["f1"]["diff_per_seed"] == pytest.approx([35.0, 15.0])
-    assert pooled["2wikimultihopqa"]["em"]["diff_sd"] == pytest.approx(float(np.std([50.0, 30.0], ddof=1)))
+    seeds = pooled["2wikimultihopqa"]["em"]["over_seeds"]
+    assert (seeds["mean"], seeds["sd"]) == (40.0, pytest.approx(float(np.std([50.0, 30.0], ddof=1)), abs=0.01))
+    assert seeds["lo"] < 0 < 40 < seeds["hi"]        # t(1) over two seeds: wide, unlike the pooled bootstrap
     md = (tmp_path / "team.md").read_text()
-    assert "| EM | Avg | 0.00 | 25.00 | +35.00, +15.00 | **+25.00 [" in md
+    assert "| EM | Avg | 0.00 | 25.00 | +35.00, +15.00 | +25.00 ± 14.14 [" in md and "| **+25.00 [" in md
 
 
 def test_team_summary_refuses_seeds_scored_on_other_questions(tmp_path):
