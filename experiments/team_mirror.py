@@ -12,7 +12,7 @@ train_answer and its judge from label_judge with the 128 extra candidates + trai
      seed's untrained episodes (checked: same question ids in the same order).
 
 Kept per seed in OUT/seed<K>/: the stage metrics, the query agent's card, the report and `scores.json` (per question:
-id, final answer, EM, F1). Summary (`--summarize`): per seed and pooled (mean over seeds of the per-seed difference, questions resampled
+id, final answer, EM, F1, no answer). Summary (`--summarize`): per seed and pooled (mean over seeds of the per-seed difference, questions resampled
 jointly for every seed; and mean ± sd with a t-interval over seeds, `ragteam.eval.stats.seed_summary`), EM and F1 of maps − maps_untrained with the 95 % paired bootstrap, into OUT/team.json and
 OUT/team.md.
 
@@ -38,7 +38,8 @@ if str(REPO) not in sys.path:
 LINKED = ("data/prepared", "data/indexes", "data/synthesis", "data/judge", "models/llm")
 BENCHMARKS = ["hotpotqa", "2wikimultihopqa"]
 UNTRAINED, TRAINED = "maps_untrained", "maps"
-KEYS = ("em", "f1")
+KEYS = ("em", "f1", "no_answer")   # no_answer: the final answer is empty (issue 27), paired like the scores
+LABEL = {"em": "EM", "f1": "F1", "no_answer": "No answer %"}
 
 
 def workspace(agents: Path, work: Path, seed: int, n: int, first: bool, query_from: Path | None) -> Path:
@@ -87,7 +88,7 @@ def run_seed(work: Path, logs: Path, train_query: bool) -> None:
 
 def write_scores(results: Path, out: Path) -> dict:
     """The per-question record kept in git (the Episodes stay in the work dir: ~3 MB per system): for every system
-    and benchmark of an evaluate run, each question's id, final answer, EM and F1 (0-1)."""
+    and benchmark of an evaluate run, each question's id, final answer, EM, F1 and no answer (0-1)."""
     from ragteam.eval.evaluate import question_scores
     from ragteam.records import read_episodes
 
@@ -107,7 +108,9 @@ def write_scores(results: Path, out: Path) -> dict:
 
 
 def load_scores(scores_file: Path, system: str) -> tuple[list[str], dict[str, list[float]], list[int]]:
-    """Question ids and per-question EM / F1 (0-1) of `system`, benchmarks in BENCHMARKS order."""
+    """Question ids and per-question EM / F1 / no answer (0-1) of `system`, benchmarks in BENCHMARKS order."""
+    from ragteam.eval.metrics import has_answer
+
     if not scores_file.is_file():
         sys.exit(f"{scores_file}: missing (run the seed's evaluate first)")
     kept = json.loads(scores_file.read_text())
@@ -117,8 +120,8 @@ def load_scores(scores_file: Path, system: str) -> tuple[list[str], dict[str, li
     for b in BENCHMARKS:
         rows = kept[system][b]
         ids += [f"{b}/{r['id']}" for r in rows]
-        for k in KEYS:
-            scores[k] += [r[k] for r in rows]
+        for k in KEYS:   # scores.json written before no_answer existed: derived from the kept final answer
+            scores[k] += [r[k] if k in r else float(not has_answer(r["answer"])) for r in rows]
         sizes.append(len(rows))
     return ids, scores, sizes
 
@@ -194,7 +197,7 @@ def table(r: dict) -> str:
         for b in (*r["benchmarks"], "avg"):
             p = r["pooled"][b][k]
             per = ", ".join(f"{x:+.2f}" for x in p["diff_per_seed"]).replace("-", "−")
-            lines.append(f"| {k.upper()} | {names[b]} | {p['untrained'][0]:.2f} | {p['trained'][0]:.2f} | {per} | "
+            lines.append(f"| {LABEL[k]} | {names[b]} | {p['untrained'][0]:.2f} | {p['trained'][0]:.2f} | {per} | "
                          f"{over_seeds(p['over_seeds'])} | {iv(p['diff'], p['diff_excludes_zero'])} |")
     return "\n".join(lines) + "\n"
 

@@ -18,7 +18,8 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.eval.evaluate import (EvalConfig, WorkflowConfigs, add_intervals, compare_systems, comparison_pairs,
-                                   make_team, question_scores, run_system, summarize, with_average)
+                                   make_team, no_answer_reasons, question_scores, run_system, summarize,
+                                   with_average)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, write_json
@@ -67,6 +68,7 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
     engines = engines or EnginePool(llm)
     metrics: dict = {}
     scores: dict = {}  # system -> benchmark -> em/f1 per question, for the bootstrap
+    reasons: dict = {}  # system -> why its unanswered questions have no answer -> questions
     with atomic_dir(results) as tmp:
         for name, spec in ev.systems.items():
             ts = time.perf_counter()
@@ -87,8 +89,10 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
                 per[b] = summarize(mine)
                 scores.setdefault(name, {})[b] = question_scores(mine)
             metrics[name] = add_intervals(with_average(per), scores[name], ev.bootstrap)
+            reasons[name] = no_answer_reasons(eps)
             a = metrics[name]["avg"]
-            print(f"evaluate: {name}: EM {a['em']:.2f} F1 {a['f1']:.2f} on {len(rows)} questions, "
+            print(f"evaluate: {name}: EM {a['em']:.2f} F1 {a['f1']:.2f} no answer {a['no_answer']:.1f} % on "
+                  f"{len(rows)} questions, "
                   f"{time.perf_counter() - ts:.1f} s, engine calls {team.calls}", flush=True)
     benches = list(qa)
     cost_png = plot_cost_accuracy(metrics, figures / "eval_cost.png")
@@ -112,7 +116,7 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
     write_json(differences, diffs)
     md = report_markdown(metrics, benches, context,
                          [os.path.relpath(p, report.parent) for p in (cost_png, scores_png)], diffs,
-                         ev.bootstrap.model_dump())
+                         ev.bootstrap.model_dump(), reasons)
     with atomic_file(report) as f:
         f.write(md)
     publish_prefect_artifact(md)

@@ -49,10 +49,36 @@ def test_summarize_scores_in_percent_and_cost_per_question():
     assert avg["avg"] == {"n": 6.0, "em": 20.0}                               # unweighted over benchmarks
 
 
+def test_silence_is_reported_per_question_with_its_reason():
+    """A question with no answer (empty, or nothing left after normalisation) and one whose call broke its format
+    are counted per question, not per call; the reason names the malformed role and what was wrong, without the
+    quoted output; a workflow's own reason (a fallback that is empty by construction) wins."""
+    from ragteam.eval.evaluate import no_answer_reason, no_answer_reasons, question_scores
+
+    stub = _ep("", ["Ada"])
+    stub.calls[-1].format_error = "a lead-in without an answer: 'The answer is:'"
+    fallback = _ep("", ["x"])
+    fallback.meta["no_answer_reason"] = "no candidate parsed: empty answer by construction"
+    eps = score_episodes([_ep("Ada", ["Ada"]), _ep("the", ["Ada"]), stub, fallback, _ep("Lyon", ["Ada"], errors=2)])
+    s = summarize(eps)
+    assert s["no_answer"] == 60.0                       # "the" normalises to nothing: no answer, as "" is
+    assert s["format_error_questions"] == 40.0           # the stub and the 2-error question: per question, not call
+    assert s["format_error_rate"] == pytest.approx(3 / 10, abs=1e-4)
+    assert question_scores(eps)["no_answer"] == [0.0, 1.0, 1.0, 1.0, 0.0]
+    assert no_answer_reason(eps[0]) is None
+    assert no_answer_reason(stub) == "x: a lead-in without an answer"
+    assert no_answer_reasons(eps) == {"no candidate parsed: empty answer by construction": 1,
+                                      "x: a lead-in without an answer": 1, "x: an empty answer": 1}
+    # files written before the flags existed: the flags come from the episode itself
+    old = eps[2].model_copy(deep=True)
+    old.metrics = {k: v for k, v in old.metrics.items() if k in ("em", "f1", "acc")}
+    assert summarize([old])["no_answer"] == 100.0 and question_scores([old])["no_answer"] == [1.0]
+
+
 def _metrics():
     row = lambda em, f1: {"n": 5.0, "em": em, "f1": f1, "acc": em + 1, "llm_calls": 2.0, "prompt_tokens": 90.0,  # noqa
                           "completion_tokens": 10.0, "tokens": 100.0, "retrieval_calls": 1.0, "seconds": 0.5,
-                          "format_error_rate": 0.0}
+                          "format_error_rate": 0.0, "no_answer": 15.0, "format_error_questions": 25.0}
     return {"native": with_average({"hotpotqa": row(10, 20), "bamboogle": row(30, 40)}),
             "maps": with_average({"hotpotqa": row(50, 60), "bamboogle": row(70, 80)})}
 
@@ -62,9 +88,10 @@ def test_table_has_the_paper_layout_and_cost_columns():
     assert benches == ["hotpotqa", "2wikimultihopqa", "bamboogle", "zzz"]
     lines = report.table_markdown(_metrics(), ["hotpotqa", "bamboogle"]).splitlines()
     assert lines[0] == ("| Method | HotpotQA EM | HotpotQA F1 | Bamboogle EM | Bamboogle F1 | Avg EM | Avg F1 "
-                        "| Avg Acc | LLM calls/q | Tokens/q | Retrievals/q | Seconds/q | Passages/q |")
-    assert lines[2] == ("| native | 10.00 | 20.00 | 30.00 | 40.00 | 20.00 | 30.00 | 21.00 | 2.0 | 100 | 1.0 | 0.50 "
-                        "| – |")                                              # passages: only where recorded
+                        "| Avg Acc | No answer % | Format error q % | LLM calls/q | Tokens/q | Retrievals/q | Seconds/q "
+                        "| Passages/q |")
+    assert lines[2] == ("| native | 10.00 | 20.00 | 30.00 | 40.00 | 20.00 | 30.00 | 21.00 | 15.0 | 25.0 | 2.0 | 100 "
+                        "| 1.0 | 0.50 | – |")                                # passages: only where recorded
     assert lines[3].startswith("| maps | 50.00 | 60.00 | 70.00 | 80.00 | 60.00 | 70.00 |")
 
 
@@ -147,6 +174,10 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path, capsy
     assert (d["a"], d["b"], d["avg"]["n"]) == ("maps", "maps_untrained", 4)
     assert d["hotpotqa"]["f1"] == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "n": 2, "significant": False}
     assert "## Differences" in md and "| maps − maps_untrained | HotpotQA | 2 | 0.00 [0.00, 0.00] |" in md
+    # silence: every question answered ("ans0" or "no"); the no-answer rate has its interval and paired difference
+    assert metrics["maps"]["avg"]["no_answer"] == 0.0 and metrics["maps"]["avg"]["no_answer_ci"] == [0.0, 0.0]
+    assert d["avg"]["no_answer"]["diff"] == 0.0 and "## Questions without an answer" in md
+    assert "| maps | 4 | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | – |" in md
     # progress while a system runs: one line per engine call (maps: query, judge, answer over 4 questions)
     log = capsys.readouterr().out
     assert "evaluate: maps: query_agent on 4 prompts" in log and "evaluate: maps: answer_agent on 4 prompts" in log
@@ -205,7 +236,7 @@ def test_end_to_end_every_system_with_smollm2_on_shared_hotpotqa(tmp_path, smoll
         for e in eps:
             assert e.calls and all(c.prompt_tokens > 0 and c.completion_tokens > 0 for c in e.calls)
             assert e.cost["llm_calls"] == len(e.calls) and "seconds" not in e.cost  # wall time: metrics only
-            assert set(e.metrics) == {"em", "f1", "acc"}
+            assert set(e.metrics) == {"em", "f1", "acc", "no_answer", "format_error_questions"}
         assert 0 <= metrics[system]["avg"]["f1"] <= 100 and metrics[system]["avg"]["seconds"] > 0
     maps_eps = read_episodes(tmp_path / "res" / "maps" / "hotpotqa.jsonl")
     for e in maps_eps:

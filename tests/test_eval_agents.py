@@ -79,6 +79,8 @@ def test_each_agent_base_vs_trained_with_paired_differences(tmp_path):
     # ... but on both (resampled separately) P = 1/256: the average difference is significant
     a = summary["avg"]["answer"]["diff"]["em"]
     assert a["diff"] == 50.0 and a["lo"] > 0 and a["significant"] and a["n"] == 8
+    # silence: every answer parsed in both models, tested like the scores
+    assert h["answer"]["trained"]["no_answer"] == 0.0 and h["answer"]["diff"]["no_answer"]["diff"] == 0.0
     # query: the base query is malformed (ΔF1 0); the trained one brings the answer on the odd questions (ΔF1 1)
     q = h["query"]
     assert (q["base"]["mean_delta_f1"], q["base"]["malformed"], q["base"]["zero"]) == (0.0, 100.0, 100.0)
@@ -139,6 +141,7 @@ def test_scores_against_hand_computed_values():
     a = agents.answer_scores(["Paris", "the city of Rome", ""], [["Paris"], ["Rome"], ["Oslo"]])
     # F1: 1, 2·(1/3·1)/(1/3+1) = 0.5 ("the" dropped: city, of, rome), 0
     assert (a["em"], a["f1"], a["acc"], a["words"]) == (33.33, 50.0, 66.67, 1.67)
+    assert a["no_answer"] == 33.33                                            # the empty (unparsable) answer
 
 
 def test_params_section_and_dvc_stage():

@@ -233,7 +233,7 @@ def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
     r = team.summarize(tmp_path, [0, 1], resamples=500)
     kept = json.loads((tmp_path / "seed0/scores.json").read_text())
     assert sorted(kept) == ["maps", "maps_untrained"]
-    assert kept["maps"]["hotpotqa"][0] == {"id": "q0", "answer": "a0", "em": 1.0, "f1": 1.0}
+    assert kept["maps"]["hotpotqa"][0] == {"id": "q0", "answer": "a0", "em": 1.0, "f1": 1.0, "no_answer": 0.0}
     assert r["untrained_from"] == "seed0" and r["n"] == [n, n]
     s0, s1, pooled = r["per_seed"]["0"], r["per_seed"]["1"], r["pooled"]
     assert s0["hotpotqa"]["em"]["diff"][0] == pytest.approx(20.0) and s0["2wikimultihopqa"]["em"]["diff"][0] == 50.0
@@ -247,6 +247,20 @@ def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
     assert seeds["lo"] < 0 < 40 < seeds["hi"]        # t(1) over two seeds: wide, unlike the pooled bootstrap
     md = (tmp_path / "team.md").read_text()
     assert "| EM | Avg | 0.00 | 25.00 | +35.00, +15.00 | +25.00 ± 14.14 [" in md and "| **+25.00 [" in md
+    assert pooled["avg"]["no_answer"]["diff"][0] == 0.0 and "| No answer % | Avg | 0.00 | 0.00 |" in md
+
+
+def test_team_summary_reads_silence_from_scores_written_before_it_was_kept(tmp_path):
+    """scores.json of the committed 3-seed study has id, answer, EM, F1: no answer is derived from the answer."""
+    rows = lambda answers: [{"id": f"q{i}", "answer": a, "em": 0.0, "f1": 0.0} for i, a in enumerate(answers)]  # noqa
+    for seed, system, answers in ((0, "maps_untrained", ["x", "y"]), (0, "maps", ["", "y"]), (1, "maps", ["", ""])):
+        f = tmp_path / f"seed{seed}" / "scores.json"
+        f.parent.mkdir(exist_ok=True)
+        kept = json.loads(f.read_text()) if f.is_file() else {}
+        kept[system] = {b: rows(answers) for b in team.BENCHMARKS}
+        f.write_text(json.dumps(kept))
+    r = team.summarize(tmp_path, [0, 1], resamples=200)
+    assert r["pooled"]["avg"]["no_answer"]["diff_per_seed"] == [50.0, 100.0]
 
 
 def test_team_summary_refuses_seeds_scored_on_other_questions(tmp_path):

@@ -157,6 +157,8 @@ def run_qagent(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: QAge
         ep.final_answer = (gen[n].parsed or "") if plugin else (s.answer or "")
         ep.meta.update(rounds=s.turns, stop_reason="answer" if s.answer is not None else "max_turns",
                        agent_answer=s.answer, retries=s.retries, mode="plugin" if plugin else "end_to_end")
+        if not plugin and s.answer is None:  # end to end, the agent's own <answer> is the only answer there is
+            ep.meta["no_answer_reason"] = f"no <answer> written in {s.turns} turns: empty answer by construction"
         ep.cost["passages"] = float(len(k))  # passages handed to the answering model (G, or the agent itself)
         finish_episode(ep, s.pool)
     return eps

@@ -188,6 +188,7 @@ def run_sure(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: SuReCo
                            scores=totals, chosen=best)
         else:  # fallback: no candidate, the empty answer (FlashRAG's)
             ep.final_answer = ""
-            ep.meta.update(candidates=[])
+            ep.meta.update(candidates=[], no_answer_reason="no candidate parsed: empty answer by construction (FlashRAG "
+                                                    "SuRe's fallback)")
         finish_episode(ep)
     return eps

@@ -31,7 +31,7 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import Strict
 from ragteam.train.synthesis import sample_answers, single_retrieval_pools
 from ragteam.eval import stats
-from ragteam.eval.metrics import accuracy, exact_match, f1_score
+from ragteam.eval.metrics import accuracy, exact_match, f1_score, has_answer
 from ragteam.eval.stats import BootstrapConfig
 from ragteam.llm import EnginePool, SamplingConfig
 from ragteam.retrieval.base import Retriever
@@ -42,7 +42,8 @@ Agent = Literal["answer", "query", "judge"]
 ROLE = {"answer": "answer_agent", "query": "query_agent", "judge": "judge_agent"}
 MODELS = ("base", "trained")
 # metrics with intervals and a paired trained - base test; the other reported rates are descriptive
-TESTED = {"answer": ("em", "f1", "acc"), "query": ("mean_delta_f1",), "judge": ("accuracy", "balanced_accuracy")}
+TESTED = {"answer": ("em", "f1", "acc", "no_answer"), "query": ("mean_delta_f1",),
+          "judge": ("accuracy", "balanced_accuracy")}
 
 
 class EvalAgentsConfig(Strict):
@@ -65,14 +66,13 @@ def answer_questions(answers: Sequence[str], golds: Sequence[Sequence[str]]) -> 
     return {"em": [exact_match(y, g) for y, g in zip(answers, golds)],
             "f1": [f1_score(y, g) for y, g in zip(answers, golds)],
             "acc": [accuracy(y, g) for y, g in zip(answers, golds)],
+            "no_answer": [float(not has_answer(y)) for y in answers],   # unparsable outputs are "" (sample_answers)
             "words": [float(len(y.split())) for y in answers]}
 
 
 def answer_scores(answers: Sequence[str], golds: Sequence[Sequence[str]]) -> dict[str, float]:
-    """EM / F1 / Acc in percent and mean answer length in words."""
-    q, n = answer_questions(answers, golds), len(answers)
-    return {"em": _pct(sum(q["em"]), n), "f1": _pct(sum(q["f1"]), n), "acc": _pct(sum(q["acc"]), n),
-            "words": round(sum(q["words"]) / max(n, 1), 2)}
+    """EM / F1 / Acc and the share of questions without an answer in percent, and mean answer length in words."""
+    return _plain("answer", answer_questions(answers, golds))
 
 
 def query_questions(texts: Sequence[str], rows: Sequence[dict], pools, pairs: AnswerPairs) -> dict[str, list]:
@@ -194,7 +194,7 @@ def run_agents(qa: Mapping[str, Sequence[dict]], engines: EnginePool, base_model
 def _plain(agent: str, q: Mapping[str, list]) -> dict[str, float]:
     if agent == "answer":
         n = len(q["em"])
-        return {"em": _pct(sum(q["em"]), n), "f1": _pct(sum(q["f1"]), n), "acc": _pct(sum(q["acc"]), n),
+        return {**{k: _pct(sum(q[k]), n) for k in ("em", "f1", "acc") + (("no_answer",) if "no_answer" in q else ())},
                 "words": round(sum(q["words"]) / max(n, 1), 2)}
     return query_scores(q) if agent == "query" else _judge_summary(q)
 
@@ -210,6 +210,8 @@ def _block(agent: str, q: Mapping[str, Mapping[str, list]], plain: Mapping[str, 
     out["diff"] = {}
     kw = {"resamples": cfg.resamples, "seed": cfg.seed, "level": cfg.level}
     for metric in TESTED[agent]:
+        if agent == "answer" and metric not in q["base"]:   # per-question files written before the metric existed
+            continue
         st = {name: metric_statistic(agent, metric, q[name], sizes) for name in MODELS}
         for name in MODELS:
             iv = stats.statistic_interval(st[name], sizes, **kw)
@@ -240,7 +242,7 @@ def summarize_agents(per: Mapping[str, Mapping], cfg: BootstrapConfig) -> dict[s
     return out
 
 
-LABELS = {"em": "EM", "f1": "F1", "acc": "Acc", "words": "words per answer", "mean_delta_f1": "mean ΔF1 ×100",
+LABELS = {"em": "EM", "f1": "F1", "acc": "Acc", "no_answer": "no answer %", "words": "words per answer", "mean_delta_f1": "mean ΔF1 ×100",
           "positive": "ΔF1 > 0 %", "zero": "ΔF1 = 0 %", "negative": "ΔF1 < 0 %", "malformed": "malformed %",
           "no_new_chunks": "no new chunk %", "f1_after": "answer F1 after the query",
           "accuracy": "accuracy", "balanced_accuracy": "balanced accuracy", "said_sufficient": "says Sufficient %",
@@ -278,7 +280,7 @@ def report_markdown(metrics: Mapping[str, Mapping], per: Mapping[str, Mapping], 
     for agent in (a for a in ROLE if a in metrics[cols[0]]):
         parts += [f"## {agent} agent", "", "| metric | benchmark | base | trained | trained − base |",
                   "|---|---|---:|---:|---:|"]
-        for metric in TESTED[agent]:
+        for metric in (m for m in TESTED[agent] if m in metrics[cols[0]][agent]["diff"]):
             for b in cols:
                 m = metrics[b][agent]
                 d = m["diff"][metric]

@@ -5,9 +5,17 @@ max over the golden answers; summaries report them in percent, like MAPS Table 1
 with `eval.lj: all`) also get LJ, DECOR's judged answer equivalence, from the judge of `decor.judge`. Cost is per
 question: LLM calls, prompt and completion tokens, retrieval calls and wall seconds (see `ragteam.agents.core`); the
 judge's calls are not part of a system's cost.
+
+Silence is a result: per question, `no_answer` (the final answer is empty after normalisation: nothing was
+answered, so EM = F1 = 0 by construction) and `format_error_questions` (any call of the question broke its role's
+format, whatever fallback the workflow then applied); both are summarised in percent with intervals and paired
+differences like EM and F1. `no_answer_reason` says why a question has no answer, so a zero score reads as what it
+is (a workflow's documented fallback such as SuRe's "no candidate, empty answer", or a model that wrote nothing
+parseable).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
@@ -28,7 +36,7 @@ from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
 from ragteam.config import Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
-from ragteam.eval.metrics import answer_metrics
+from ragteam.eval.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
@@ -51,6 +59,8 @@ ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (G
 # their own checkpoint from DecorConfig.frozen_roles)
 FROZEN_ROLES = (decor.SUMMARIZER,)
 SCORE_KEYS = ("em", "f1", "acc")
+# per-question 0/1 flags, summarised in percent like the scores (module docstring)
+SILENCE_KEYS = ("no_answer", "format_error_questions")
 OPTIONAL_SCORE_KEYS = ("lj",)  # summarised only where every episode has it
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
 
@@ -184,12 +194,39 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
     return eps
 
 
+def silence(ep: Episode) -> dict[str, float]:
+    """The per-question silence flags (module docstring): no answer, and a format error in any call."""
+    return {"no_answer": float(not has_answer(ep.final_answer)),
+            "format_error_questions": float(any(c.format_error is not None for c in ep.calls))}
+
+
+def _error_kind(reason: str) -> str:
+    """A parser's FormatError reason without the quoted model output it cites: "a lead-in without an answer:
+    'The answer is:'" -> "a lead-in without an answer"."""
+    return re.split(r"[:'\"]", reason, maxsplit=1)[0].strip() or reason.strip()
+
+
+def no_answer_reason(ep: Episode) -> str | None:
+    """Why `ep` has no answer (None when it has one): the workflow's own reason (`meta["no_answer_reason"]`, set
+    where an empty answer is a documented fallback), else the last malformed call ("<role>: <what was wrong>"), else
+    the last call, which answered nothing."""
+    if has_answer(ep.final_answer):
+        return None
+    if ep.meta.get("no_answer_reason"):
+        return str(ep.meta["no_answer_reason"])
+    bad = [c for c in ep.calls if c.format_error is not None]
+    if bad:
+        return f"{bad[-1].role}: {_error_kind(bad[-1].format_error)}"
+    return f"{ep.calls[-1].role}: an empty answer" if ep.calls else "no call was made"
+
+
 def score_episodes(episodes: Iterable[Episode], judge: Judge | None = None) -> list[Episode]:
-    """EM / F1 / Acc of every episode with golds; with a judge also LJ (one batched judge call)."""
+    """EM / F1 / Acc and the silence flags of every episode with golds; with a judge also LJ (one batched judge
+    call)."""
     out = []
     for ep in episodes:
         if ep.golden_answers:  # questions without golds (e.g. `ragteam ask`) are not scored
-            ep.metrics = answer_metrics(ep.final_answer or "", ep.golden_answers)
+            ep.metrics = {**answer_metrics(ep.final_answer or "", ep.golden_answers), **silence(ep)}
         out.append(ep)
     if judge is not None:
         score_lj(out, judge)
@@ -205,6 +242,9 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     out: dict[str, float] = {"n": float(len(episodes))}
     for k in SCORE_KEYS:
         out[k] = round(100 * _mean([ep.metrics.get(k, 0.0) for ep in episodes]), 2)
+    flags = [silence(ep) for ep in episodes]   # from the episode itself: also right for files scored before
+    for k in SILENCE_KEYS:
+        out[k] = round(100 * _mean([f[k] for f in flags]), 2)
     for k in OPTIONAL_SCORE_KEYS:
         if episodes and all(k in ep.metrics for ep in episodes):
             out[k] = round(100 * _mean([ep.metrics[k] for ep in episodes]), 2)
@@ -237,7 +277,7 @@ def with_average(per_benchmark: Mapping[str, Mapping[str, float]]) -> dict[str, 
 
 # ---- uncertainty: intervals per system x benchmark, paired differences between systems ---------------------------
 
-INTERVAL_KEYS = ("em", "f1")
+INTERVAL_KEYS = ("em", "f1", *SILENCE_KEYS)
 
 
 def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequence[str]] | None = None
@@ -265,7 +305,19 @@ def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequen
 def question_scores(episodes: Sequence[Episode]) -> dict[str, list[float]]:
     """Per-question scores in [0, 1] for the bootstrap, in episode order (unscored episodes count 0, as in
     `summarize`)."""
-    return {k: [ep.metrics.get(k, 0.0) for ep in episodes] for k in INTERVAL_KEYS}
+    out = {k: [ep.metrics.get(k, 0.0) for ep in episodes] for k in INTERVAL_KEYS if k not in SILENCE_KEYS}
+    flags = [silence(ep) for ep in episodes]
+    return {**out, **{k: [f[k] for f in flags] for k in SILENCE_KEYS}}
+
+
+def no_answer_reasons(episodes: Sequence[Episode]) -> dict[str, int]:
+    """How many questions have no answer, by reason (`no_answer_reason`), most frequent first."""
+    counts: dict[str, int] = {}
+    for ep in episodes:
+        r = no_answer_reason(ep) if ep.golden_answers else None
+        if r is not None:
+            counts[r] = counts.get(r, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _flat(per_bench: Mapping[str, Mapping[str, list[float]]], key: str) -> tuple[list[float], list[int]]:
@@ -273,16 +325,21 @@ def _flat(per_bench: Mapping[str, Mapping[str, list[float]]], key: str) -> tuple
     return [v for x in xs for v in x], [len(x) for x in xs]
 
 
+def _keys(per: Mapping[str, object]) -> list[str]:
+    """The INTERVAL_KEYS a per-question score dict has (older score files have EM and F1 only)."""
+    return [k for k in INTERVAL_KEYS if k in per]
+
+
 def add_intervals(summary: dict[str, dict], scores: Mapping[str, Mapping[str, list[float]]],
                   cfg: BootstrapConfig) -> dict[str, dict]:
     """Add `<key>_ci: [lo, hi]` (percent) to every benchmark summary and to "avg" (benchmarks resampled
     separately, unweighted mean of their means: the avg column's statistic)."""
     for b, per in scores.items():
-        for k in INTERVAL_KEYS:
+        for k in _keys(per):
             iv = stats.mean_ci(per[k], resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
             summary[b][f"{k}_ci"] = [iv.lo, iv.hi]
     if "avg" in summary and scores:
-        for k in INTERVAL_KEYS:
+        for k in _keys(next(iter(scores.values()))):
             xs, sizes = _flat(scores, k)
             iv = stats.mean_ci(xs, sizes, resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
             summary["avg"][f"{k}_ci"] = [iv.lo, iv.hi]
@@ -304,14 +361,15 @@ def compare_systems(scores: Mapping[str, Mapping[str, Mapping[str, list[float]]]
         sa = {x: {k: v[: common[x]] for k, v in sa[x].items()} for x in sa}
         sb = {x: {k: v[: common[x]] for k, v in sb[x].items()} for x in sb}
         res: dict = {"a": a, "b": b}
+        keys = [k for k in _keys(next(iter(sa.values()))) if k in next(iter(sb.values()))]
         for bench in sa:
             res[bench] = {"n": len(sa[bench]["em"])}
-            for k in INTERVAL_KEYS:
+            for k in keys:
                 d = stats.paired_diff(sa[bench][k], sb[bench][k], resamples=cfg.resamples, seed=cfg.seed,
                                       level=cfg.level)
                 res[bench][k] = d.to_dict()
         res["avg"] = {"n": sum(len(sa[x]["em"]) for x in sa)}
-        for k in INTERVAL_KEYS:
+        for k in keys:
             (xa, sizes), (xb, _) = _flat(sa, k), _flat(sb, k)
             d = stats.paired_diff(xa, xb, sizes, resamples=cfg.resamples, seed=cfg.seed, level=cfg.level)
             res["avg"][k] = d.to_dict()

@@ -52,6 +52,11 @@ def precision_score(prediction: str, golden: str | list[str]) -> float:
     return max(token_prf(prediction, g)[0] for g in _golds(golden))
 
 
+def has_answer(prediction: str | None) -> bool:
+    """False for a prediction with nothing to score: empty, or nothing left after normalisation ("", "?", "the")."""
+    return bool(normalize_answer(prediction or ""))
+
+
 def answer_metrics(prediction: str, golden: str | list[str]) -> dict[str, float]:
     return {"em": exact_match(prediction, golden), "f1": f1_score(prediction, golden),
             "acc": accuracy(prediction, golden)}

@@ -146,6 +146,8 @@ def summarize_replicates(runs: Sequence[Run], cfg: BootstrapConfig = BootstrapCo
                     blocks = [r.metrics[b][agent] for r in runs]
                 except KeyError as e:
                     raise ValueError(f"run metrics disagree: {b}.{agent} missing ({e})") from None
+                if not all(metric in x["diff"] for x in blocks):   # runs made before the metric existed
+                    continue
                 gains = [x["diff"][metric]["diff"] for x in blocks]
                 out[b][agent][metric] = {
                     **{name: stats.seed_summary([x[name][metric] for x in blocks], cfg.level).to_dict()
@@ -178,7 +180,8 @@ def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapC
              f"of the seed-mean gain ({cfg.resamples:,} resamples, questions resampled jointly for all seeds), "
              f"bold † when 0 lies outside it. The base model is the same in every run.", ""]
     for agent in TESTED:
-        rows = [(b, m) for b in summary if b != "runs" for m in TESTED[agent] if agent in summary[b]]
+        rows = [(b, m) for b in summary if b != "runs" for m in TESTED[agent]
+                if agent in summary[b] and m in summary[b][agent]]
         if not rows:
             continue
         parts += [f"## {agent} agent", "",

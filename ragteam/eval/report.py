@@ -35,6 +35,7 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
     for b in benchmarks:
         head += [f"{display(b)} EM", f"{display(b)} F1"]
     head += ["Avg EM", "Avg F1", "Avg Acc"] + (["Avg LJ"] if with_lj else [])
+    head += ["No answer %", "Format error q %"]
     head += ["LLM calls/q", "Tokens/q", "Retrievals/q", "Seconds/q", "Passages/q"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for system, per in metrics.items():
@@ -45,6 +46,7 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
         a = per["avg"]
         cells += [_num(a["em"]), _num(a["f1"]), _num(a["acc"])]
         cells += ([_num(a["lj"]) if "lj" in a else "–"] if with_lj else [])
+        cells += [_num(a[k], 1) if k in a else "–" for k in ("no_answer", "format_error_questions")]
         cells += [_num(a["llm_calls"], 1), _num(a["tokens"], 0), _num(a["retrieval_calls"], 1), _num(a["seconds"], 2),
                   _num(a["passages"], 1) if "passages" in a else "–"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -88,6 +90,28 @@ def workflow_table(metrics: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
     return "\n".join(lines)
 
 
+def silence_markdown(metrics: Mapping, benchmarks: Sequence[str], reasons: Mapping[str, Mapping[str, int]]
+                     ) -> str:
+    """Rows = systems: the share of questions with no answer and of questions with a format error in any call, per
+    benchmark and on the average, with their intervals, then why the unanswered questions have no answer (the most
+    frequent reasons, with counts)."""
+    cols = [*benchmarks, "avg"]
+    head = (["Method", "n"] + [f"{display(b) if b != 'avg' else 'Avg'} no answer %" for b in cols]
+            + ["Avg format error q %", "why no answer (questions)"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---:"] + ["---:"] * (len(cols) + 1) + ["---"])
+             + "|"]
+    for system, per in metrics.items():
+        if "no_answer" not in per["avg"]:
+            continue
+        why = reasons.get(system) or {}
+        text = "; ".join(f"{r} ({k})" for r, k in list(why.items())[:3]) + (" …" if len(why) > 3 else "")
+        cells = [system, str(int(per["avg"]["n"]))]
+        cells += [_with_ci(per[b], "no_answer") if b in per else "–" for b in cols]
+        cells += [_with_ci(per["avg"], "format_error_questions"), text.replace("|", "/") or "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _diff_cell(d: Mapping) -> str:
     sign = "+" if d["diff"] > 0 else ""
     text = f"{sign}{_num(d['diff'])} [{_num(d['lo'])}, {_num(d['hi'])}]"
@@ -97,13 +121,14 @@ def _diff_cell(d: Mapping) -> str:
 def differences_markdown(differences: Mapping, benchmarks: Sequence[str]) -> str:
     """One row per (pair, benchmark | avg): ΔEM and ΔF1 = a - b with the paired-bootstrap interval; † = 0 is
     outside it."""
-    lines = ["| a − b | benchmark | n | ΔEM [CI] | ΔF1 [CI] |", "|---|---|---:|---:|---:|"]
+    lines = ["| a − b | benchmark | n | ΔEM [CI] | ΔF1 [CI] | Δno answer [CI] |", "|---|---|---:|---:|---:|---:|"]
     for res in differences.values():
         for b in [*benchmarks, "avg"]:
             if b in res:
                 d = res[b]
                 lines.append(f"| {res['a']} − {res['b']} | {display(b) if b != 'avg' else 'Avg'} | {d['n']} | "
-                             f"{_diff_cell(d['em'])} | {_diff_cell(d['f1'])} |")
+                             f"{_diff_cell(d['em'])} | {_diff_cell(d['f1'])} | "
+                             f"{_diff_cell(d['no_answer']) if 'no_answer' in d else '–'} |")
     return "\n".join(lines)
 
 
@@ -132,9 +157,10 @@ def efficiency_markdown(metrics: Mapping) -> list[str]:
 
 def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mapping[str, object],
                     plots: Sequence[str] = (), differences: Mapping | None = None,
-                    bootstrap: Mapping | None = None) -> str:
-    """The whole reports/eval.md: the table, how it was made, the intervals and paired differences (when given),
-    and the plots (paths relative to the report)."""
+                    bootstrap: Mapping | None = None, reasons: Mapping[str, Mapping[str, int]] | None = None) -> str:
+    """The whole reports/eval.md: the table, how it was made, the intervals, the questions without an answer (and
+    why: `reasons`, system -> reason -> questions), the paired differences (when given), and the plots (paths
+    relative to the report)."""
     counts = {system: tuple(int(per[b]["n"]) for b in benchmarks) for system, per in metrics.items()}
     if len(set(counts.values())) <= 1:
         n = next(iter(counts.values()), ())
@@ -150,7 +176,9 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
              "EM / F1 / Acc in percent (FlashRAG normalisation, max over golden answers; Acc = a gold answer is "
              "contained in the prediction). Averages are unweighted over benchmarks, as in MAPS Table 1. Cost "
              "columns are means per question over all benchmarks: LLM calls, prompt + completion tokens, retrieval "
-             "calls, wall seconds, and (where a workflow records it) passages handed to the answering model.", "",
+             "calls, wall seconds, and (where a workflow records it) passages handed to the answering model. No "
+             "answer %: questions whose final answer is empty (nothing to score); format error q %: questions "
+             "where any call broke its role's format (a fallback may still have answered).", "",
              table_markdown(metrics, benchmarks), "", questions, ""]
     boot = {"resamples": 10_000, "seed": 0, "level": 0.95, **(bootstrap or {})}
     if metrics and "em_ci" in next(iter(metrics.values()))["avg"]:
@@ -158,6 +186,13 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
                   f"Percentile bootstrap over questions ({boot['resamples']:,} resamples, seed {boot['seed']}); "
                   f"Avg resamples each benchmark within itself.", "",
                   interval_table_markdown(metrics, benchmarks), ""]
+    if metrics and "no_answer_ci" in next(iter(metrics.values()))["avg"]:
+        parts += ["## Questions without an answer", "",
+                  "A question has no answer when its final answer is empty after normalisation: EM and F1 are 0 by "
+                  "construction, so a low score can be silence rather than wrong answers. Intervals as above. The "
+                  "last column gives the most frequent reasons: a workflow's documented fallback (empty by "
+                  "construction), or the role whose output could not be parsed and what was wrong with it.", "",
+                  silence_markdown(metrics, benchmarks, reasons or {}), ""]
     if differences:
         parts += ["## Differences", "", differences_markdown(differences, benchmarks), "",
                   differences_rule(boot["resamples"], boot["seed"], boot["level"]), ""]
