@@ -44,7 +44,7 @@ def test_maps_judge_sufficient_at_round_k_gives_exactly_k_rounds_and_batches_eve
     stop_after = {0: 1, 1: 2, 2: 3, 3: 99}   # question 3 never satisfies the judge -> the round budget (4)
     eng, ret = ScriptedEngine(maps_reply(stop_after)), corpus(4, 5, 2)
     team = Team(eng)
-    eps = run_maps(rows(4), team, ret, MapsConfig(max_rounds=4, top_k=2))
+    eps = run_maps(rows(4), team, ret, MapsConfig(max_rounds=4, top_k=2, judge_initial=False))
     assert [e.meta["rounds"] for e in eps] == [1, 2, 3, 4]
     assert [e.meta["stop_reason"] for e in eps] == ["judge_sufficient"] * 3 + ["round_budget"]
     # one engine call per step over every episode still at that step, never one prompt at a time
@@ -64,9 +64,27 @@ def test_maps_judge_sufficient_at_round_k_gives_exactly_k_rounds_and_batches_eve
     assert n_queries(eps[2].calls[-1].prompt) == 4 and answer_prompt.count('Doc 1(Title: "Q2R3D0")') == 1
 
 
+def test_maps_judge_decides_on_the_initial_retrieval_as_in_the_paper_case_studies():
+    """judge_initial (default, MAPS Tables 4-5: "Retrieval Round 0 ... Judge Agent"): a question whose first pool
+    the judge finds sufficient is answered with 0 rounds and no query agent call; the others go on, judged after
+    every round but the last."""
+    stop_after = {0: 0, 1: 1, 2: 99}
+    eng, ret = ScriptedEngine(maps_reply(stop_after)), corpus(3, 4, 1)
+    eps = run_maps(rows(3), Team(eng), ret, MapsConfig(max_rounds=2, top_k=1))
+    assert [e.meta["rounds"] for e in eps] == [0, 1, 2]
+    assert [e.meta["stop_reason"] for e in eps] == ["judge_sufficient", "judge_sufficient", "round_budget"]
+    assert eng.steps("judge_agent") == [3, 2] and eng.steps("query_agent") == [2, 1]
+    assert [c.role for c in eps[0].calls] == ["judge_agent", "answer_agent"]
+    assert [c.meta.get("round") for c in eps[1].calls] == [0, 1, 1, None]      # judge, query, judge, answer
+    # off: a round always runs before the first verdict
+    eng = ScriptedEngine(maps_reply(stop_after))
+    eps = run_maps(rows(3), Team(eng), corpus(3, 4, 1), MapsConfig(max_rounds=2, top_k=1, judge_initial=False))
+    assert [e.meta["rounds"] for e in eps] == [1, 1, 2] and eng.steps("judge_agent") == [3]
+
+
 def test_maps_caps_evidence_at_20_chunks():
     eng, ret = ScriptedEngine(maps_reply({0: 99, 1: 99})), corpus(2, 6, 8)
-    eps = run_maps(rows(2), Team(eng), ret, MapsConfig(max_rounds=5, top_k=8, max_chunks=20))
+    eps = run_maps(rows(2), Team(eng), ret, MapsConfig(max_rounds=5, top_k=8, max_chunks=20, judge_initial=False))
     for ep in eps:
         assert [len(ids) for ids in ep.retrieved_ids] == [8, 8, 4]     # 8 + 8 + 4 = 20, then stop
         assert ep.meta["rounds"] == 2 and ep.meta["stop_reason"] == "evidence_cap"
@@ -85,7 +103,7 @@ def test_maps_format_errors_use_the_documented_fallbacks():
     def reply(role, m):
         return {"query_agent": "The the of and", "judge_agent": "Maybe?", "answer_agent": "\n\n"}[role]
     eng = ScriptedEngine(reply)
-    [ep] = run_maps(rows(1), Team(eng), corpus(1, 3, 1), MapsConfig(max_rounds=2, top_k=1))
+    [ep] = run_maps(rows(1), Team(eng), corpus(1, 3, 1), MapsConfig(max_rounds=2, top_k=1, judge_initial=False))
     q, j, a = (next(c for c in ep.calls if c.role == r) for r in ("query_agent", "judge_agent", "answer_agent"))
     assert q.format_error and q.parsed is None and q.meta["fallback"] == maps.keywords(ep.question) == "q0r0"
     assert q.meta["duplicate_query"] is True       # the fallback repeats query 1: no new chunks
@@ -97,7 +115,7 @@ def test_maps_format_errors_use_the_documented_fallbacks():
 
 def test_episode_records_cost_and_round_trip(tmp_path):
     eps = run_maps(rows(2), Team(ScriptedEngine(maps_reply({0: 1, 1: 2}))), corpus(2, 3, 2),
-                   MapsConfig(max_rounds=3, top_k=2))
+                   MapsConfig(max_rounds=3, top_k=2, judge_initial=False))
     ep = eps[1]
     assert ep.cost["llm_calls"] == len(ep.calls) == 5                     # q, j, q, j, answer
     assert ep.cost["prompt_tokens"] == sum(c.prompt_tokens for c in ep.calls) > 0
@@ -116,7 +134,7 @@ def test_episode_records_cost_and_round_trip(tmp_path):
         [[c.model_dump(exclude={"episode_id"}) for c in e.calls] for e in eps]
     # a second run (new random ids, other wall times) writes the same bytes; a repeated question gets #2
     again = run_maps(rows(2), Team(ScriptedEngine(maps_reply({0: 1, 1: 2}))), corpus(2, 3, 2),
-                     MapsConfig(max_rounds=3, top_k=2))
+                     MapsConfig(max_rounds=3, top_k=2, judge_initial=False))
     again[0].cost["seconds"] += 1.0
     assert again[0].episode_id != eps[0].episode_id
     write_episodes(tmp_path / "again.jsonl", again)

@@ -242,6 +242,11 @@ def test_answer_reward_treats_a_clipped_completion_as_too_long():
     # EM + α·PR + L: ended within the budget (1.5); cut at 4 tokens -> L = -1 (0.5); cut and wordy (0.125 - 1)
     assert out == pytest.approx([1.5, 0.5, 0.5 * 0.25 - 1.0])
     assert logged["clipped"] == pytest.approx(2 / 3)
+    # a completion that ended with EOS (id 2) in the budget's last slot ended on its own: not clipped (it used to be
+    # counted, one token early, as TRL's own `ids[-1] not in eos_and_pad` does not)
+    f = answer_reward_func(AnswerReward("stage1", 0.5, 5, 1), clip_tokens=4, eos_token_ids=[2])
+    out = f(completions=["Paris", "Paris"], golden_answers=[["Paris"]] * 2, completion_ids=[[1, 1, 1, 2], [1, 1, 1, 1]])
+    assert out == pytest.approx([1.5, 0.5])
     # off (the paper profile): Eq. 4 exactly
     assert answer_reward_func(AnswerReward("stage1", 0.5, 5, 1))(completions=["Paris"], golden_answers=[["Paris"]],
                                                    completion_ids=[[1, 2, 3, 4]]) == [1.5]

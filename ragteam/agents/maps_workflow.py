@@ -6,9 +6,12 @@
     y = A_g(x, Q*, C*)                                 Eq. 11
 
 Every step (query agent, retrieval, judge, answer) is one batched call over all episodes still at that step.
-A round always runs at least once (the judge speaks only after a round, Eq. 10). With `fixed_rounds` the judge is
-skipped and exactly that many rounds run (Table 3). An episode whose evidence reached `max_chunks` stops retrieving
-(no judge call: nothing more could be added) and goes to the answer step.
+With `judge_initial` the judge also decides on the initial pool Q_0, C_0, before any round: the paper's case
+studies (Tables 4-5: "Retrieval Round 0 ... Judge Agent: Insufficient Information. (Continue to the next retrieval
+round)"), and what the judge is trained on (Algorithm 1 step 6 labels single-retrieval pools); without it a round
+always runs at least once. With `fixed_rounds` the judge is skipped and exactly that many rounds run (Table 3). An
+episode whose evidence reached `max_chunks` stops retrieving (no judge call: nothing more could be added) and goes
+to the answer step.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class MapsConfig(Strict):
     top_k: int = Field(3, ge=1)               # passages retrieved per query
     fixed_rounds: int | None = Field(None, ge=1)  # run exactly this many rounds, no judge (Table 3)
     max_chunks: int = Field(20, ge=1)         # evidence cap per question (paper: 20)
+    judge_initial: bool = True                # the judge also decides on the initial retrieval (module docstring)
     passage_words: int | None = Field(None, ge=1)  # clip each passage to this many words in prompts (None: whole)
     debate: DebateConfig = DebateConfig()
 
@@ -55,7 +59,28 @@ def run_maps(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: MapsCo
     n_rounds = cfg.fixed_rounds or cfg.max_rounds
     stop = {i: ("fixed_rounds" if cfg.fixed_rounds else "round_budget") for i in range(len(eps))}
     rounds = {i: 0 for i in range(len(eps))}
+
+    def judge(active: list[int], rnd: int) -> list[int]:
+        """Eq. 10 on the current pools: the episodes the judge sends to another round."""
+        verdicts = llm_step(team, "judge_agent", [eps[i] for i in active],
+                            [maps.judge_messages(eps[i].question, render(i)) for i in active], maps.parse_judge,
+                            round=rnd)
+        still = []
+        for i, c in zip(active, verdicts):
+            decision = c.parsed if c.format_error is None else maps.INSUFFICIENT  # fallback: see maps.py
+            if c.format_error is not None:
+                c.meta["fallback"] = decision
+            if decision == maps.SUFFICIENT:
+                stop[i] = "judge_sufficient"
+            else:
+                still.append(i)
+        return still
+
     active = list(range(len(eps)))
+    if cfg.judge_initial and not cfg.fixed_rounds:
+        for i in [i for i in active if pools[i].n_chunks >= cfg.max_chunks]:
+            stop[i] = "evidence_cap"
+        active = judge([i for i in active if pools[i].n_chunks < cfg.max_chunks], 0)
     for rnd in range(1, n_rounds + 1):
         for i in [i for i in active if pools[i].n_chunks >= cfg.max_chunks]:
             stop[i] = "evidence_cap"
@@ -88,19 +113,7 @@ def run_maps(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: MapsCo
         active = [i for i in active if pools[i].n_chunks < cfg.max_chunks]
         if rnd == n_rounds:  # the budget is spent: a verdict could not change anything
             break
-        verdicts = llm_step(team, "judge_agent", [eps[i] for i in active],
-                            [maps.judge_messages(eps[i].question, render(i)) for i in active], maps.parse_judge,
-                            round=rnd)
-        still = []
-        for i, c in zip(active, verdicts):
-            decision = c.parsed if c.format_error is None else maps.INSUFFICIENT  # fallback: see maps.py
-            if c.format_error is not None:
-                c.meta["fallback"] = decision
-            if decision == maps.SUFFICIENT:
-                stop[i] = "judge_sufficient"
-            else:
-                still.append(i)
-        active = still
+        active = judge(active, rnd)
 
     # Eq. 11: the answer agent answers from the final pool
     answers = llm_step(team, "answer_agent", eps, [maps.answer_messages(e.question, render(i))

@@ -24,22 +24,26 @@ def completion_text(completion: str | Messages) -> str:
     return "".join(m.get("content", "") for m in completion).strip()
 
 
-def answer_reward_func(reward: AnswerReward, clip_tokens: int | None = None) -> Callable[..., list[float]]:
+def answer_reward_func(reward: AnswerReward, clip_tokens: int | None = None,
+                       eos_token_ids: Sequence[int] = ()) -> Callable[..., list[float]]:
     """The TRL reward callable for the answer agent: `reward` (Eq. 4 or Eq. 5 on the parsed answer) per completion.
 
     TRL passes the dataset's `golden_answers` column (aligned with the completions) as a kwarg. EM, words and the
     share of clipped and answer-less outputs are logged next to TRL's `reward`. `clip_tokens`
-    (= max_completion_length; None = off): a completion that used all of them was cut off, its real length is
-    unknown, so L(y) = -1 as for an over-long answer. Without it, short generation budgets let a policy earn the
-    length term with answers that never end.
+    (= max_completion_length; None = off): a completion that used all of them without ending was cut off, its real
+    length is unknown, so L(y) = -1 as for an over-long answer. Without it, short generation budgets let a policy
+    earn the length term with answers that never end. A completion whose last id is an EOS of `eos_token_ids` ended
+    on its own, even in the budget's last slot (the completion ids hold the EOS; TRL's own truncation test is the
+    same: `ids[-1] not in eos_and_pad`).
     """
+    eos = frozenset(eos_token_ids)
 
     def reward_func(completions: list, golden_answers: list[list[str]], log_metric=None, completion_ids=None,
                     **_: Any) -> list[float]:
         texts = [completion_text(c) for c in completions]
         clipped = [False] * len(texts)
         if clip_tokens is not None and completion_ids is not None:
-            clipped = [len(ids) >= clip_tokens for ids in completion_ids]
+            clipped = [len(ids) >= clip_tokens and (not ids or ids[-1] not in eos) for ids in completion_ids]
         scored = [reward(t, g, c) for t, g, c in zip(texts, golden_answers, clipped)]
         ys = [y for _, y in scored]
         if log_metric is not None:

@@ -56,13 +56,14 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     checkpoint is at the final step, so resuming it is a no-op.
     """
     work = Path(work_dir)
+    eos = _eos_ids(model_path)
     tag = {"alpha": params.alpha, "l": params.max_words, "min_words": params.min_words,
            "clipped_is_long": params.clipped_is_long, "format_penalty": params.format_penalty,
            "y": "maps.parse_answer (lead-in aware)"}
     eq = {"stage1": "Eq. 4", "stage2": "Eq. 5"}
     r1 = train_grpo(stage1, model_path, str(work / "stage1"), params.stage1,
                     answer_reward_func(params.reward("stage1"),
-                                       params.stage1.max_completion_length if params.clipped_is_long else None),
+                                       params.stage1.max_completion_length if params.clipped_is_long else None, eos),
                     run_tag={**tag, "reward": eq[params.stage1_reward]}, callbacks=callbacks)
     stage1_model = save_agent(r1, work / "stage1_model")
     rows = curve_rows(r1.log_history, stage="stage1")
@@ -72,11 +73,24 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     gc.collect()
     r2 = train_grpo(stage2, str(stage1_model), str(work / "stage2"), params.stage2,
                     answer_reward_func(params.reward("stage2"),
-                                       params.stage2.max_completion_length if params.clipped_is_long else None),
+                                       params.stage2.max_completion_length if params.clipped_is_long else None, eos),
                     run_tag={**tag, "reward": "Eq. 5"}, callbacks=callbacks)
     rows += curve_rows(r2.log_history, step_offset=params.stage1.steps, stage="stage2")
     r2.extra["stage1"] = summary1
     return r2, rows
+
+
+def _eos_ids(model_path: str) -> list[int]:
+    """The ids that end a completion: the tokenizer's EOS and the generation config's (a list for some models)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    ids = {AutoTokenizer.from_pretrained(model_path).eos_token_id}
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:      # no generation_config.json
+        eos = None
+    ids |= set(eos if isinstance(eos, list) else [eos])
+    return sorted(i for i in ids if i is not None)
 
 
 def query_reward_func(answer_pairs: Callable[[list[str], list[dict[str, Any]]], tuple[list[str], list[str]]]

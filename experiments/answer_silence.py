@@ -1,0 +1,163 @@
+"""Where the answer agent's silence comes from (issue 27 §2): lead-in stubs under greedy decoding and under the
+training sampler, before and after train_answer, on the training prompts of each GRPO stage and on the prompts the
+answer agent gets at evaluation.
+
+For every model (`--model name=path`, e.g. the base model, the stage-1 model and the trained answer agent) and
+every prompt set it writes, side by side from one run:
+- greedy: the share of prompts whose output has no answer (`maps.parse_answer` finds none), and of those the
+  lead-in stubs ("The answer is:" and nothing after it);
+- the training sampler (`--temperature`, `--samples` per prompt, `--max-new-tokens`: train_answer's settings):
+  the same shares over every sample, the mean reward of the stubs and of the other samples under the stage's
+  reward (`train_answer` params of the workspace), the share of GRPO groups where every sample has no answer (no
+  reward variance: no gradient), and the share of prompts whose greedy output is a stub while fewer than half of
+  their samples are (a mode the sampler rarely visits, so training rarely sees it).
+
+Prompt sets: `top3` / `top5` are T1's stage-1 / stage-2 training prompts (data/synthesis/t1_answer.jsonl, the
+prompts train_answer uses); `eval` are the answer-agent prompts of a MAPS system's evaluation episodes
+(`--episodes results/eval/maps/*.jsonl`: the final answer call of each question).
+
+    python experiments/answer_silence.py --workspace . --model base=models/llm \\
+        --model stage1=checkpoints/train_answer/stage1_model --model trained=models/agents/answer \\
+        --episodes results/eval/maps/synthetic.jsonl --out experiments/answer_silence/default
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def is_stub(text: str) -> bool:
+    """No answer because the output only announces one (the failure issue 27 reports)."""
+    from ragteam.agents.core import FormatError
+    from ragteam.agents.maps import parse_answer
+
+    y = parse_answer(text)
+    return isinstance(y, FormatError) and y.reason.startswith("a lead-in without an answer")
+
+
+def no_answer(text: str) -> bool:
+    from ragteam.agents.core import FormatError
+    from ragteam.agents.maps import parse_answer
+
+    return isinstance(parse_answer(text), FormatError)
+
+
+def prompt_sets(workspace: Path, episodes: list[Path], passage_words: int | None, limit: int) -> dict[str, list]:
+    """{set: [(messages, golden answers)]}: T1's top-3 and top-5 training prompts, and evaluation's answer prompts."""
+    from ragteam.io import read_jsonl
+    from ragteam.records import read_episodes
+    from ragteam.train.maps import answer_samples
+
+    t1 = [row for _, row in read_jsonl(workspace / "data/synthesis/t1_answer.jsonl")]
+    sets = {f"top{k}": [(s.prompt, s.golden_answers) for s in answer_samples(t1, k, passage_words)][: limit or None]
+            for k in (3, 5)}   # stage 1 / stage 2 of train_answer (stage1_top_k, stage2_top_k)
+    evals = []
+    for path in episodes:
+        for ep in read_episodes(path):
+            calls = [c for c in ep.calls if c.role == "answer_agent"]
+            if calls:
+                evals.append((calls[-1].prompt, ep.golden_answers))
+    if evals:
+        sets["eval"] = evals[: limit or None]
+    return sets
+
+
+def measure(team, prompts: list, reward, samples: int, temperature: float, max_new: int, seed: int) -> dict:
+    """The figures of one model on one prompt set (module docstring); rates in percent."""
+    from ragteam.llm import SamplingConfig
+
+    msgs, golds = [p for p, _ in prompts], [g for _, g in prompts]
+    greedy = [c[0].text for c in team.generate("answer_agent", msgs,
+                                               SamplingConfig(max_new_tokens=max_new, temperature=0.0))]
+    drawn = team.generate("answer_agent", msgs, SamplingConfig(max_new_tokens=max_new, temperature=temperature,
+                                                               n=samples, seed=seed))
+    texts = [[c.text for c in group] for group in drawn]
+    clipped = [[c.finish_reason == "length" for c in group] for group in drawn]
+    scored = [[reward(t, g, cl)[0] for t, cl in zip(ts, cls)] for ts, cls, g in zip(texts, clipped, golds)]
+    flat = [(t, r) for ts, rs in zip(texts, scored) for t, r in zip(ts, rs)]
+    stub_r = [r for t, r in flat if is_stub(t)]
+    other_r = [r for t, r in flat if not is_stub(t)]
+    pct = lambda k, n: round(100 * k / max(n, 1), 2)  # noqa: E731
+    n = len(prompts)
+    return {
+        "prompts": n,
+        "greedy_no_answer": pct(sum(map(no_answer, greedy)), n),
+        "greedy_stub": pct(sum(map(is_stub, greedy)), n),
+        "sampled_no_answer": pct(sum(no_answer(t) for t, _ in flat), len(flat)),
+        "sampled_stub": pct(len(stub_r), len(flat)),
+        "reward_stub": round(sum(stub_r) / len(stub_r), 3) if stub_r else None,
+        "reward_other": round(sum(other_r) / len(other_r), 3) if other_r else None,
+        "groups_all_no_answer": pct(sum(all(no_answer(t) for t in ts) for ts in texts), n),
+        "groups_zero_variance": pct(sum(max(rs) - min(rs) < 1e-9 for rs in scored), n),
+        "greedy_stub_sampler_rare": pct(sum(is_stub(g) and sum(map(is_stub, ts)) < len(ts) / 2
+                                            for g, ts in zip(greedy, texts)), n),
+        "examples_greedy": greedy[:4],
+    }
+
+
+def table(result: dict) -> str:
+    cols = [("greedy_no_answer", "greedy: no answer %"), ("greedy_stub", "greedy: stub %"),
+            ("sampled_no_answer", "sampled: no answer %"), ("sampled_stub", "sampled: stub %"),
+            ("reward_stub", "reward of stubs"), ("reward_other", "reward of the rest"),
+            ("groups_all_no_answer", "groups all no answer %"), ("groups_zero_variance", "groups zero variance %"),
+            ("greedy_stub_sampler_rare", "greedy stub, sampler < 50 % %")]
+    lines = ["| model | prompts | n | " + " | ".join(c for _, c in cols) + " |",
+             "|---|---|---:|" + "---:|" * len(cols)]
+    for model, sets in result["models"].items():
+        for name, m in sets.items():
+            cells = ["–" if m[k] is None else f"{m[k]:g}" for k, _ in cols]
+            lines.append(f"| {model} | {name} | {m['prompts']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workspace", type=Path, default=Path("."), help="a repo checkout with the pipeline's outputs")
+    ap.add_argument("--model", action="append", required=True, help="name=path (repeat)")
+    ap.add_argument("--episodes", type=Path, nargs="*", default=[], help="evaluation episodes of a MAPS system")
+    ap.add_argument("--samples", type=int, default=None, help="per prompt (default: train_answer's num_generations)")
+    ap.add_argument("--limit", type=int, default=0, help="first n prompts of each set (0 = all)")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+
+    import yaml
+
+    from ragteam.llm import EngineConfig, EnginePool, LLMConfig
+    from ragteam.config import parse_section
+    from stages.common import TrainAnswerParams
+
+    params = yaml.safe_load((a.workspace / "params.yaml").read_text())
+    tp = parse_section(params, "train_answer", TrainAnswerParams)
+    llm = parse_section(params, "llm", LLMConfig)
+    g = tp.stage1
+    samples = a.samples or g.num_generations
+    sets = prompt_sets(a.workspace, [a.workspace / p if not p.is_absolute() else p for p in a.episodes],
+                       params["maps"]["passage_words"], a.limit)
+    rewards = {"top3": tp.reward("stage1"), "top5": tp.reward("stage2"), "eval": tp.reward("stage2")}
+    result = {"settings": {"temperature": g.temperature, "samples": samples, "max_new_tokens":
+                           g.max_completion_length, "seed": g.seed, "reward": {k: str(v) for k, v in rewards.items()}},
+              "models": {}}
+    for spec in a.model:
+        name, path = spec.split("=", 1)
+        path = str(a.workspace / path) if not Path(path).is_absolute() else path
+        pool = EnginePool(EngineConfig(**{**llm.model_dump(exclude={"model", "sampling"}), "device": "cpu"}))
+        team = pool.team({}, path, {})
+        result["models"][name] = {}
+        for set_name, prompts in sets.items():
+            print(f"{name}: {set_name} ({len(prompts)} prompts) ...", flush=True)
+            result["models"][name][set_name] = measure(team, prompts, rewards[set_name], samples, g.temperature,
+                                                       g.max_completion_length, g.seed)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "silence.json").write_text(json.dumps(result, indent=1))
+    (a.out / "silence.md").write_text(table(result))
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
