@@ -474,7 +474,7 @@ def assign_rewards(episodes: Sequence[Episode], judgements: Sequence[Judgement],
     """Fill `AgentCall.reward` (R_total of the step) of every policy call and `Episode.meta["reward"]`.
 
     meta["reward"] = {format_ok, f1, lj, team, roles: {call index: R_role}}; `team` is R_team even for a gated
-    trajectory (dynamic sampling filters on it), but then every policy call's reward is `format_penalty`.
+    trajectory (the step log's figures), but then every policy call's reward is `format_penalty`.
     """
     for ep, j in zip(episodes, judgements):
         ok = format_ok(ep)
