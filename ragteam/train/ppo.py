@@ -740,12 +740,14 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         keep = {id(ep) for ep in chosen}
         train_eps = {i for i, ep in enumerate(episodes) if id(ep) in keep}
         batch_samples = [s for s in samples if s.episode in train_eps]
-        if not batch_samples:
-            # nothing to learn from (dynamic sampling kept no group): no optimiser step, the step still counts
+        if not any(loss_tokens(s) for s in batch_samples):
+            # nothing to learn from (dynamic sampling kept no group, or every trajectory was cut at QAgent's
+            # max_seq_len): no optimiser step, the step still counts
             stats: dict[str, list[float]] = {}
             selection["skipped_update"] = 1.0
-            log.warning("%s step %d: nothing to train on (%d of %d groups kept): update skipped", system.name,
-                        step + 1, int(selection["groups_kept"]), int(selection["groups"]))
+            log.warning("%s step %d: nothing to train on (%d of %d groups kept, no loss token in the %d samples "
+                        "selected): update skipped", system.name, step + 1, int(selection["groups_kept"]),
+                        int(selection["groups"]), len(batch_samples))
         else:
             selection["skipped_update"] = 0.0
             stats = _update(system, p, batch_samples, episodes, ac, ac_wrapped, opt, accel, ref_logp, pad_id,
