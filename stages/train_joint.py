@@ -69,7 +69,8 @@ def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> lis
     groups trained by dynamic sampling without one), KL, clipping, lengths, format errors, turns, then the
     system's own figures."""
     learn = (["value_loss", "explained_variance"] if critic
-             else [("groups trained", ["groups_trained", "groups"]), "policy_loss"])
+             else [("groups (dynamic sampling)", ["groups_trained", "groups_kept", "groups_dropped", "groups_refilled",
+                                                  "groups"]), "policy_loss"])
     own = [s for s in stats if s not in ("turns", "searches")]
     return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), *learn,
             ("KL", ["approx_kl", "kl_ref"]), "clip_frac", "response_tokens", "format_error_rate",
@@ -105,7 +106,8 @@ def run(system_name: str, params: dict) -> dict:
     curve = [dict(h) for h in result.log_history]
     extra: dict[str, Any] = {}
     for col in ("episode_f1", "response_tokens", "format_error_rate", "explained_variance", "value_loss",
-                "clip_frac", "turns", "searches", "groups_trained", *[f"reward/{r}" for r in system.roles],
+                "clip_frac", "turns", "searches", "groups_trained", "groups_kept", "groups_dropped",
+                "groups_refilled", *[f"reward/{r}" for r in system.roles],
                 *[k for k in system.stats if k not in ("turns", "searches")]):
         ys = [r[col] for r in curve if col in r and r[col] == r[col]]
         if ys:
@@ -130,7 +132,8 @@ def run(system_name: str, params: dict) -> dict:
 
 
 QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), "zero_advantage", "policy_loss",
-                 ("KL", ["approx_kl", "kl_ref"]), "response_tokens", "format_error_rate",
+                 ("KL", ["approx_kl", "kl_ref"]), "response_tokens", ("format errors, cut at max_seq_len",
+                                                                      ["format_error_rate", "truncated"]),
                  ("turns, searches", ["turns", "searches"])]
 
 
@@ -166,18 +169,20 @@ def run_qagent(params: dict) -> dict:
         on_step=lambda s, step, e: print(
             f"{stage}: {s} step {step}/{per_stage[s].steps} reward {e['reward']:.3f} episode F1 "
             f"{e['episode_f1']:.3f} zero-advantage {e.get('zero_advantage', 0):.2f} format errors "
-            f"{e['format_error_rate']:.2f} tokens {e['response_tokens']:.0f} ({e['step_seconds']:.1f} s, rollout "
-            f"{e['rollout_seconds']:.1f} s)", flush=True))
+            f"{e['format_error_rate']:.2f} cut {e['truncated']:.2f} tokens {e['response_tokens']:.0f} "
+            f"({e['step_seconds']:.1f} s, rollout {e['rollout_seconds']:.1f} s)", flush=True))
     extra: dict[str, Any] = {"questions": len(rows)}
     for s in tp.stages:
         rs = [r for r in curve if r["stage"] == s]
         for col in ("reward", "episode_f1", "format_error_rate", "response_tokens", "zero_advantage", "turns",
-                    "searches"):
+                    "searches", "truncated"):
             ys = [r[col] for r in rs if col in r and r[col] == r[col]]
             if ys:
                 q = max(len(ys) // 4, 1)
                 extra[f"{s}/{col}_first"] = round(sum(ys[:q]) / q, 4)
                 extra[f"{s}/{col}_last"] = round(sum(ys[-q:]) / q, 4)
+        # the share of the stage's trajectories cut at max_seq_len (not trained: ragteam.train.qagent)
+        extra[f"{s}/truncated"] = round(sum(r.get("truncated", 0.0) for r in rs) / max(len(rs), 1), 4)
         extra[f"{s}_seconds"] = round(sum(r.get("step_seconds", 0.0) for r in rs), 1)
     return finish_agent(
         result, curve, stage=stage, agent="qagent", base_model=llm.model,
@@ -191,6 +196,8 @@ def run_qagent(params: dict) -> dict:
         notes=(f"One sample per trajectory (G = {tp.group_size} per question), advantage (R - mean) / std over the "
                f"group, no critic; <information> and retry tokens masked out of the loss; loss normalised by each "
                f"group's total generated tokens (Eq. 3); k3 KL β = {ppo.kl_coef} to the stage's start model. "
+               f"A trajectory longer than max_seq_len {tp.max_seq_len} keeps its place in its group's statistics "
+               f"but does not train (`truncated`: the share cut). "
                f"Stage 2 starts from the stage-1 model."))
 
 

@@ -63,13 +63,44 @@ def test_groups_are_questions():
     assert adv[1] == [0.0] and adv[3] == [0.0]
 
 
-def test_dynamic_sampling_keeps_promising_but_imperfect_groups():
-    assert keep_group([0.0, 0.5]) and not keep_group([0.0, 0.0]) and not keep_group([1.0, 1.0])
-    assert not keep_group([]) and keep_group([1.0, 0.0, 1.0])
-    assert not keep_group([0.05, 0.05], low=0.1, high=0.9) and keep_group([0.1, 0.2], low=0.1, high=0.9)
-    es = [ep("all0", [], team=0.0), ep("mixed", [], team=1.0), ep("all0", [], team=0.0),
-          ep("all1", [], team=1.0), ep("mixed", [], team=0.25), ep("all1", [], team=1.0)]
+def test_dynamic_sampling_keeps_groups_where_some_role_return_varies():
+    P, F, A = "decor_planner", "decor_filter", "decor_answerer"
+    assert keep_group([{A: 0.0}, {A: 0.5}]) and not keep_group([{A: 0.3}, {A: 0.3}]) and not keep_group([])
+    # only one role varies: the group carries signal for that role
+    assert keep_group([{P: 0.14, F: 0.14, A: 0.94}, {P: 0.14, F: 0.54, A: 0.94}])
+    # a role present in one trajectory only has nothing to compare; float noise is no variation
+    assert not keep_group([{P: 1.0, F: 0.2}, {P: 1.0}]) and not keep_group([{A: 0.3}, {A: 0.1 + 0.2}])
+    # issue 23 §3: R_team = 0 for all (no trajectory answered right), but two pass the format gate and two do not:
+    # role rewards 0.6·0 + 0.4·(±1) against the gate's −1. The old rule (0 < mean R_team < 1) dropped this group
+    gated = [("decor_planner", -1.0)]
+    passed = [("decor_planner", 0.4), ("decor_filter", -0.4), ("decor_planner", 0.4), ("decor_answerer", -0.4)]
+    es = [ep("fmt", gated, team=0.0), ep("same", [("decor_answerer", 0.6)], team=1.0), ep("fmt", passed, team=0.0),
+          ep("same", [("decor_answerer", 0.6)], team=1.0), ep("fmt", passed, team=0.0), ep("fmt", gated, team=0.0)]
     kept = dynamic_sampling(es)
-    assert [e.question_id for e in kept] == ["mixed", "mixed"] and kept[0] is es[1]
-    with pytest.raises(ValueError, match="no meta.reward"):
-        dynamic_sampling([ep("x", [])])
+    assert [e.question_id for e in kept] == ["fmt"] * 4 and kept[0] is es[0]
+    adv = decor_advantages(kept)
+    assert any(a not in (None, 0.0) for row in adv for a in row)       # the kept group does train
+    assert dynamic_sampling([e for e in es if e.question_id == "same"]) == []   # all equal: zero gradient
+    with pytest.raises(ValueError, match="has no reward"):
+        dynamic_sampling([ep("x", [("decor_planner", None)])])
+
+
+def test_eq6_statistics_of_a_role_use_only_the_trajectories_where_it_acted():
+    """Issue 23 §3: trajectory 3 answered directly (Planner STOP at turn 1, no Filter call). Its Planner and
+    Answerer advantages count in their roles' group statistics; the Filter's μ, σ come from trajectories 1, 2."""
+    P, F, A = "decor_planner", "decor_filter", "decor_answerer"
+    t1 = ep("q", [(P, 0.94), (F, 0.94), (P, 0.94), (A, 0.94)])
+    t2 = ep("q", [(P, 0.14), (F, -0.4), (P, 0.14), (A, 0.14)])
+    t3 = ep("q", [(P, -0.4), (A, 0.54)])                          # STOP at once: no Filter
+    adv = decor_advantages([t1, t2, t3], eps=0.0)
+    # Filter over t1, t2 only: returns 0.94, −0.4 -> ±1/√2 (a 0 for t3 would give μ 0.18, other values)
+    h = 1 / math.sqrt(2)
+    assert adv[0][1] == pytest.approx(h) and adv[1][1] == pytest.approx(-h)
+    # Planner over all three: 0.94, 0.14, −0.4 (μ 0.2267, sample σ 0.6741); Answerer 0.94, 0.14, 0.54 (μ 0.54, σ 0.4)
+    pl = [0.94, 0.14, -0.4]
+    mu = sum(pl) / 3
+    sd = math.sqrt(sum((x - mu) ** 2 for x in pl) / 2)
+    assert [adv[0][0], adv[1][0], adv[2][0]] == pytest.approx([(x - mu) / sd for x in pl])
+    assert [adv[0][3], adv[1][3], adv[2][1]] == pytest.approx([1.0, -1.0, 0.0])
+    assert len(adv[2]) == 2                                         # t3 has no Filter call to advantage
+    assert keep_group([role_returns(t) for t in (t1, t2, t3)])

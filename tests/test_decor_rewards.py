@@ -156,6 +156,36 @@ def test_rule_judge_stop_on_empty_history_and_whole_word_containment():
     assert j.lj == 0.0                       # "no" is not contained in "not known" as a word
 
 
+def test_rule_judge_reads_possessives_as_the_entity():
+    """Issue 23 §3: the normaliser turns "Freedonia's" into "freedonias"; a Filter that kept the supporting title,
+    or the answer, in the possessive must still get +1, and an answer in the possessive is right (R_LJ 1)."""
+    passages = [("Freedonia", "Freedonia is a small country. Its army is led by Rufus T. Firefly.")]
+    cases = {"Who leads the army of Freedonia?": (["Rufus T. Firefly"], "Freedonia's army is led by Rufus T. Firefly.",
+                                                  "Rufus T. Firefly"),
+             "Which country does Rufus T. Firefly lead the army of?": (["Freedonia"],
+                                                                      "Rufus T. Firefly leads Freedonia's army.",
+                                                                      "Freedonia's")}
+
+    def poss_reply(role, m):
+        text = m[0]["content"]
+        if role == "decor_planner":
+            q = re.search(r"^query: (.*)$", text, re.MULTILINE).group(1)
+            return P("None") if "Search 1:" in text else P(q)
+        if role == "decor_filter":
+            return F(cases[re.search(r"^Search Query: (.*)$", text, re.MULTILINE).group(1)][1])
+        return A(cases[re.search(r"^- User's query: (.*)$", text, re.MULTILINE).group(1)][2])
+
+    rows = [{"id": str(i), "question": q, "golden_answers": c[0], "metadata": {"supporting_titles": ["Freedonia"]}}
+            for i, (q, c) in enumerate(cases.items())]
+    eps = run_decor(rows, Team(ScriptedEngine(poss_reply)), KeywordRetriever(passages), DecorConfig(t_max=2, top_k=1))
+    assert [roles_of(e) for e in eps] == [["P", "F", "P", "A"]] * 2
+    js = R.RuleJudge().judge(eps)
+    # Filter (call 1): title "Freedonia" mentioned as "Freedonia's" (first), the gold kept as "Freedonia's"
+    # (second); the answer "Freedonia's" is the gold Freedonia
+    assert [j.roles[1] for j in js] == [1.0, 1.0]
+    assert [j.lj for j in js] == [1.0, 1.0] and [j.roles[3] for j in js] == [1.0, 1.0]
+
+
 def test_summarizer_calls_get_no_reward_and_penalty_is_configurable():
     eps = rollouts(("Who covered Red Sky?", "Who sang Red Sky?"))
     eps[0].calls.insert(2, eps[0].calls[1].model_copy(update={"role": "decor_summarizer", "reward": None}))

@@ -1,7 +1,8 @@
 """FlashRAG-normalised EM / F1 / accuracy: the edge cases that decide Table 1 numbers."""
 import pytest
 
-from ragteam.eval.metrics import accuracy, answer_metrics, exact_match, f1_score, normalize_answer, precision_score
+from ragteam.eval.metrics import (accuracy, answer_metrics, contains_answer, exact_match, f1_score, normalize_answer,
+                                  precision_score)
 
 
 @pytest.mark.parametrize("raw, norm", [
@@ -43,3 +44,22 @@ def test_accuracy_is_gold_contained_in_prediction():
     assert accuracy("1998", ["in 1998"]) == 0.0
     assert accuracy("anything", ["the"]) == 0.0            # an empty normalised gold never matches
     assert answer_metrics("The Beatles!", ["Beatles", "The Fab Four"]) == {"em": 1.0, "f1": 1.0, "acc": 1.0}
+
+
+def test_contains_answer_counts_whole_tokens_and_possessives_but_acc_stays_flashrag():
+    # FlashRAG's Acc is a character substring (the evaluation metric, unchanged) ...
+    assert accuracy("not sure", ["no"]) == 1.0 and accuracy("Doc 2(Title: X)", ["2"]) == 1.0
+    # ... the rewards' containment is a contiguous run of whole normalised tokens
+    assert contains_answer("not sure", ["no"]) == 0.0 and contains_answer("Doc 2 (Title: X)", ["3", "2"]) == 1.0
+    assert contains_answer("the 2nd court", "2") == 0.0 and contains_answer("Parisian food", "Paris") == 0.0
+    assert contains_answer("It was founded in 1998, in Paris.", ["1998 in Paris"]) == 1.0  # a run across a comma
+    assert contains_answer("in Paris 1998", ["1998 in Paris"]) == 0.0                        # order matters
+    assert contains_answer("anything", ["the"]) == 0.0 and contains_answer("", ["x"]) == 0.0
+    # punctuation deleted (FlashRAG) or read as a boundary: possessives (straight or curly), slashes, hyphens
+    assert contains_answer("Freedonia's army", ["Freedonia"]) == 1.0
+    assert contains_answer("Freedonia\u2019s army", ["Freedonia"]) == 1.0
+    assert contains_answer("Freedonias army", ["Freedonia"]) == 0.0                   # a plain "s" is another word
+    assert contains_answer("Oceans Eleven premiered", ["Ocean's Eleven"]) == 1.0
+    assert contains_answer("flights Paris/London daily", ["London"]) == 1.0
+    assert contains_answer("Jean Paul Sartre wrote", ["Jean-Paul Sartre"]) == 1.0
+    assert contains_answer("U.S. troops", ["US"]) == 1.0

@@ -257,14 +257,57 @@ def test_stage2_reward_is_generator_contains_em_plus_half_hit_in_one_batched_cal
     ordered = [eps[k] for k in "ABCDE"]
     rewards = qagent_rewards_stage2(ordered, Team(eng))
     assert eng.steps("answer_agent") == [5]
-    # A: G "Poughkeepsie, New York" contains the gold (1) + Hit: the <information> holds it (0.5)
-    # B: G "Denver" (0), nothing in τ says Colorado (0); C: G "Paris" (1) + "zq Paris" in τ (0.5)
-    # D: G "I do not know" (0) + its own "Scott Derrickson" in τ (0.5); E: G "Zebra crossing" (1), τ never says it
-    assert rewards == [1.5, 0.0, 1.5, 0.5, 1.0]
+    # A: G "Poughkeepsie, New York" contains the gold (1) + Hit: a retrieved passage holds it (0.5)
+    # B: G "Denver" (0), no passage of K says Colorado (0); C: G "Paris" (1), no search: K is empty (0; its own
+    # "zq Paris" is not retrieval); D: G "I do not know" (0), its own "Scott Derrickson" is no Hit (K is empty);
+    # E: G "Zebra crossing" (1), K empty
+    assert rewards == [1.5, 0.0, 1.0, 0.0, 1.0]
     assert [e.calls[-2].reward if e.calls[-1].role == "answer_agent" else None for e in ordered] == rewards
-    assert [e.calls[-1].meta["hit"] for e in ordered] == [1.0, 0.0, 1.0, 1.0, 0.0]
-    assert qagent_reward_stage2("the city of Paris", "...", ["Paris"], hit_weight=0.25) == 1.0
-    assert qagent_reward_stage2("Lyon", "<information>Paris is ...</information>", ["paris"]) == 0.5
+    assert [e.calls[-1].meta["hit"] for e in ordered] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    paris = [Hit("p", '"France"\nParis is the capital of France.', 0.0)]
+    assert qagent_reward_stage2("the city of Paris", [], ["Paris"], hit_weight=0.25) == 1.0
+    assert qagent_reward_stage2("Lyon", paris, ["paris"]) == 0.5
+    assert qagent_reward_stage2("Lyon", paris, ["paris"], passage_words=2) == 0.5      # "Paris is ..."
+    assert qagent_reward_stage2("Lyon", paris, ["capital of France"], passage_words=2) == 0.0  # clipped away
+
+
+# Hit and the stage-2 EM count whole tokens of the retrieved passages / of G's answer (issue 23 §3): a substring
+# test over the whole trajectory paid gold "no" for "not" and gold "2" for the `Doc 2` label
+TOKEN_PASSAGES = [("Crown", "Tom is not the king of Freedonia."), ("Court", "The court met in the spring."),
+                  ("Freedonia", "Freedonia's army marched north.")]
+TOKEN_ROWS = [{"id": "no", "question": "Is Tom the king?", "golden_answers": ["no"]},
+              {"id": "two", "question": "How many courts are there?", "golden_answers": ["2"]},
+              {"id": "fr", "question": "Whose army marched north?", "golden_answers": ["Freedonia"]},
+              {"id": "own", "question": "Where is the court?", "golden_answers": ["Paris"]}]
+TOKEN_SCRIPT = {"no": "<plan>check</plan><search><query>Tom king</query></search>",
+                "two": "<plan>check</plan><search><query>Tom king</query><query>court spring</query></search>",
+                "fr": "<plan>check</plan><search><query>army marched</query></search>",
+                "own": "<plan>maybe Paris</plan><search><query>court spring</query></search>"}
+TOKEN_GENERATOR = {"no": "not sure", "two": "I cannot tell", "fr": "Freedonia", "own": "somewhere"}
+
+
+def test_hit_and_stage2_em_are_whole_token_matches_over_passages_and_answer():
+    by_question = {r["question"]: r["id"] for r in TOKEN_ROWS}
+
+    def reply(role, m):
+        if role == "qagent":
+            qid = by_question[re.search(r"Question: (.*)\.$", m[0]["content"]).group(1)]
+            so_far = m[-1]["content"] if m[-1]["role"] == "assistant" else ""
+            return "<reflection>done</reflection><answer>x</answer>" if so_far else TOKEN_SCRIPT[qid]
+        return TOKEN_GENERATOR[by_question[re.search(r"Question: (.*)", m[-1]["content"]).group(1)]]
+
+    eng = ScriptedEngine(reply)
+    eps = run_qagent(TOKEN_ROWS, Team(eng), KeywordRetriever(TOKEN_PASSAGES), QAgentConfig(max_turns=2, top_k=1))
+    text = {e.question_id: trajectory_text(e) for e in eps}
+    assert "not" in text["no"] and "Doc 2" in text["two"] and "maybe Paris" in text["own"]
+    rewards = dict(zip([e.question_id for e in eps], qagent_rewards_stage2(eps, Team(eng))))
+    # "no": G's "not sure" and the passage's "not" are no match; "2": nor are the `Doc 2` label or the "Doc 1/2"
+    # numbering; "Freedonia": G exact (1) and the possessive "Freedonia's" in a passage (0.5); "Paris": only in
+    # the agent's own plan, not in a retrieved passage
+    assert rewards == {"no": 0.0, "two": 0.0, "fr": 1.5, "own": 0.0}
+    gen = {e.question_id: e.calls[-1].meta for e in eps}
+    assert {k: (g["em"], g["hit"]) for k, g in gen.items()} == {
+        "no": (0.0, 0.0), "two": (0.0, 0.0), "fr": (1.0, 1.0), "own": (0.0, 0.0)}
 
 
 # ---- evaluation --------------------------------------------------------------------------------------------------

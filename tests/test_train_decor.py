@@ -1,6 +1,7 @@
 """train_joint@decor on the one policy-gradient core: the sequence-level ratio of Eq. 5 with clip-higher against hand
-values, the DECOR system adapter (G rollouts per question, frozen summarizer, dynamic sampling on R_team), one step
-end to end to a checkpoint with the Eq. 6 advantages, and a step whose groups are all dropped (a clear skip, no NaN).
+values, the DECOR system adapter (G rollouts per question, frozen summarizer, dynamic sampling on the role returns
+with refills), one step end to end to a checkpoint with the Eq. 6 advantages, and a step whose groups are all dropped
+(a clear skip, no NaN).
 The policy is a tiny random Llama with the SmolLM2 tokenizer: the machinery, not the model, is under test."""
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def decor_params(**decor):
     return {"decor": {"t_max": 2, "top_k": 1, "passage_words": 12, "l_max": 256, "group_size": 4, **decor}}
 
 
-def test_decor_system_rolls_out_g_per_question_and_filters_on_team_reward():
+def test_decor_system_rolls_out_g_per_question_and_filters_on_role_returns():
     from ragteam.train.systems import REWARD_TEXT, decor_system
 
     system = decor_system(decor_params(), KeywordRetriever(PASSAGES))
@@ -115,11 +116,13 @@ def test_decor_system_rolls_out_g_per_question_and_filters_on_team_reward():
     assert engine.steps("decor_answerer") == [8]                        # all 2 x G episodes in one batched call
     assert [e.meta["reward"]["team"] for e in eps] == [1.0] * 4 + [1.0, 0.0, 1.0, 0.0]
     kept = system.select(eps)
-    assert [e.question_id for e in kept] == ["sky"] * 4                 # the all-1 group is dropped
-    # an all-0 group is dropped too; an LLM judge is a frozen role as well; dynamic sampling off keeps everything
+    assert [e.question_id for e in kept] == ["sky"] * 4     # Gamma: all right, every role's return equal: dropped
+    # what decides is the role returns, not R_team: equal returns drop the group whatever its R_team; an LLM judge
+    # is a frozen role as well; dynamic sampling off keeps everything
     for e in eps[4:]:
-        e.meta["reward"]["team"] = 0.0
-    assert system.select(eps) == []
+        for c in e.calls:
+            c.reward = -1.0 if c.reward is not None else None
+    assert system.select(eps) == [] and system.max_rollout_rounds == 10      # DecorConfig's default (DAPO's 10)
     llm = decor_system(decor_params(judge="llm", dynamic_sampling={"enabled": False}), KeywordRetriever(PASSAGES))
     assert llm.frozen_roles == {"decor_summarizer": None, "decor_judge": None} and llm.select is None
 
@@ -298,3 +301,165 @@ def test_frozen_role_generates_with_the_adapter_off(tiny_llama):
     policy = r.engine.generate(msgs, greedy["default"])[0][0].text
     assert frozen == base and policy != base
     assert team.sampling_for("decor_summarizer").temperature == 0.0   # its own settings, not the rollout's T = 1
+
+
+# ---- issue 23 §3: dynamic sampling keeps role-reward signal and refills the step; Eq. 6 where a role is absent ------
+
+def _fake_system(signal: dict[str, bool], max_rounds: int, log: list):
+    """A select system without a model: each question's G = 2 trajectories get Answerer returns that differ
+    (signal True) or are equal; `log` records every rollout's question ids."""
+    from ragteam.train.decor_adv import dynamic_sampling
+    from ragteam.train.ppo import JointSystem
+
+    def rollout(rows, _team):
+        log.append([r["id"] for r in rows])
+        out = []
+        for r in rows:
+            for k in range(2):
+                e = Episode(question_id=r["id"], question=r["question"], golden_answers=r["golden_answers"])
+                e.add_call(AgentCall(role="decor_answerer", prompt=[], reward=float(k) if signal[r["id"]] else 0.5))
+                out.append(e)
+        return out
+
+    return JointSystem(name="fake", roles=("decor_answerer",), rollout=rollout, annotate=lambda eps: eps,
+                       describe={}, select=dynamic_sampling, max_rollout_rounds=max_rounds)
+
+
+def test_refill_rolls_out_further_questions_until_the_step_is_full_or_the_cap():
+    from ragteam.train.ppo import _refill_order, _select_with_refill
+
+    rows = [{"id": f"q{i}", "question": f"Q{i}?", "golden_answers": ["a"]} for i in range(8)]
+    signal = {f"q{i}": i % 3 != 0 for i in range(8)}           # q0, q3, q6 carry no signal
+    step, seed = 1, 0
+    qs = [r for r in rows if not signal[r["id"]]][:2]            # a step that drew two no-signal questions
+    log: list = []
+    system = _fake_system(signal, 5, log)
+    eps, chosen, sel = _select_with_refill(system, rows, qs, system.rollout(qs, None), None, step, seed)
+    # the refills are the next questions of the (seed, step) refill order not drawn yet, as many as are missing
+    order = [rows[i]["id"] for i in _refill_order(len(rows), step, seed) if rows[i]["id"] not in ("q0", "q3")]
+    expect, kept = [], []
+    for qid in order:                                            # replay: one round per missing batch
+        if len(kept) == 2:
+            break
+        expect.append(qid)
+        kept += [qid] if signal[qid] else []
+    assert [q for batch in log[1:] for q in batch] == expect
+    assert all(len(b) <= 2 for b in log[1:]) and log[1] == order[:2]
+    assert sorted({e.question_id for e in chosen}) == sorted(kept) and len(chosen) == 4
+    assert sel == {"groups": 2.0 + len(expect), "groups_kept": 2.0, "groups_dropped": float(len(expect)),
+                   "groups_refilled": float(len(expect)), "groups_trained": 2.0, "episodes_trained": 4.0,
+                   "rollout_rounds": float(len(log))}
+    assert {e.question_id for e in eps} == {"q0", "q3", *expect}
+    # deterministic in (seed, step): the same draws again, and another step draws others; refills come from their
+    # own order, so the epoch order of `_questions` (the later steps' questions) is never consumed by them
+    log2: list = []
+    s2 = _fake_system(signal, 5, log2)
+    _select_with_refill(s2, rows, qs, s2.rollout(qs, None), None, step, seed)
+    assert log2 == log
+    log2.clear()
+    _select_with_refill(s2, rows, qs, s2.rollout(qs, None), None, step + 1, seed)
+    assert log2[1:] != log[1:] and _refill_order(8, step + 1, seed) != _refill_order(8, step, seed)
+    # the cap: one round only -> no refill, the step trains on nothing
+    log3: list = []
+    s1 = _fake_system(signal, 1, log3)
+    _, chosen1, sel1 = _select_with_refill(s1, rows, qs, s1.rollout(qs, None), None, step, seed)
+    assert chosen1 == [] and len(log3) == 1 and sel1["groups_refilled"] == 0 and sel1["rollout_rounds"] == 1
+    # no signal anywhere: the cap stops it, every group dropped; a pool drawn to the end stops it too
+    none = {k: False for k in signal}
+    log4: list = []
+    s4 = _fake_system(none, 3, log4)
+    _, chosen4, sel4 = _select_with_refill(s4, rows, qs, s4.rollout(qs, None), None, step, seed)
+    assert chosen4 == [] and len(log4) == 3 and sel4["groups_dropped"] == sel4["groups"] == 6
+    log5: list = []
+    s5 = _fake_system(none, 50, log5)
+    _, _, sel5 = _select_with_refill(s5, rows, qs, s5.rollout(qs, None), None, step, seed)
+    assert sel5["groups"] == 8 and sum(len(b) for b in log5) == 8          # each question at most once a step
+    # a system without `select` is never refilled
+    plain = replace(s5, select=None)
+    log5.clear()
+    eps6, chosen6, sel6 = _select_with_refill(plain, rows, qs, plain.rollout(qs, None), None, step, seed)
+    assert chosen6 == eps6 and len(log5) == 1 and sel6["groups_trained"] == 2 and sel6["groups_dropped"] == 0
+
+
+def test_the_loop_refills_a_step_whose_group_carries_no_signal(tmp_path, tiny_llama, monkeypatch):
+    """The Gamma group (every trajectory right, every role reward equal) is dropped; the step rolls out the third
+    question (Blue Moon, half right) and trains on two groups."""
+    from ragteam.train.ppo import _questions
+    from ragteam.train.systems import decor_system
+
+    rows = ROWS + [{"id": "moon", "question": "Who wrote Blue Moon?", "golden_answers": ["Ray Mond"]}]
+    monkeypatch.setitem(ANSWERS, "Who wrote Blue Moon?", ["Ray Mond", "Omega", "Omega", "Ray Mond"])
+    passages = PASSAGES + [("Blue Moon", "Blue Moon is a song written by Ray Mond.")]
+    seed = next(s for s in range(50) if {r["id"] for r in _questions(rows, 0, 2, s)} == {"gamma", "sky"})
+    base = decor_system(decor_params(dynamic_sampling={"max_rounds": 2}), KeywordRetriever(passages))
+    assert base.max_rollout_rounds == 2
+    team, engine = scripted_team()
+    system = replace(base, rollout=lambda rs, _policy_team: base.rollout(rs, team))
+    from ragteam.train.ppo import PPOParams, train_joint_ppo
+
+    p = PPOParams(**{**PPO, "seed": seed, "minibatch_size": 64, "micro_batch_size": 8})
+    res = train_joint_ppo(system, rows, str(tiny_llama), tmp_path / "ckpt", p,
+                          EngineConfig(device="cpu", threads=1, batch_size=8),
+                          {"default": SamplingConfig(max_new_tokens=4)})
+    e = res.log_history[0]
+    assert engine.steps("decor_answerer") == [8, 4]              # the step's 2 x G, then the refill's G
+    assert (e["groups"], e["groups_kept"], e["groups_dropped"], e["groups_refilled"]) == (3, 2, 1, 1)
+    assert (e["groups_trained"], e["episodes_trained"], e["skipped_update"], e["rollout_rounds"]) == (2, 8, 0, 2)
+    assert math.isfinite(e["policy_loss"])
+
+
+def test_a_trajectory_without_a_filter_call_trains_and_eq6_skips_it_for_the_filter(tmp_path, tiny_llama,
+                                                                                     monkeypatch):
+    """Issue 23 §3: in the Red Sky group, trajectory 2's Planner stops at once (no search, no Filter call). Its
+    Planner and Answerer calls train with their Eq. 6 advantages over all four trajectories; the Filter's advantages
+    are normalised over the three trajectories that have a Filter call."""
+    import ragteam.train.ppo as ppo_mod
+    from ragteam.train.decor_adv import role_group_normalize, role_returns
+    from ragteam.train.systems import decor_system
+
+    base = decor_system(decor_params(), KeywordRetriever(PASSAGES))
+    team, _ = scripted_team()
+    first: dict[str, int] = {}
+    real_reply = team.engine("decor_planner").reply
+
+    def reply(role, m):
+        text = m[0]["content"]
+        if role == "decor_planner" and "Red Sky" in text and "Search 1:" not in text:
+            k = first.get("n", 0)
+            first["n"] = k + 1
+            if k == 2:
+                return "<think>I know it</think>\n<search>None</search>"
+        return real_reply(role, m)
+
+    team.engine("decor_planner").reply = reply
+    system = replace(base, rollout=lambda rows, _policy_team: base.rollout(rows, team))
+    seen = {}
+    real_update = ppo_mod.ppo_update
+    monkeypatch.setattr(ppo_mod, "ppo_update", lambda model, opt, samples, p, *a, **kw: seen.update(
+        samples=list(samples)) or real_update(model, opt, samples, p, *a, **kw))
+    res = _train(tmp_path, tiny_llama, system)
+    e = res.log_history[0]
+    assert (e["groups_trained"], e["episodes_trained"], e["skipped_update"]) == (1, 4, 0)
+    by_ep: dict[int, list] = {}
+    for s in seen["samples"]:
+        by_ep.setdefault(s.episode, []).append(s)
+    trajs = [by_ep[k] for k in sorted(by_ep)]
+    assert [[s.role.removeprefix("decor_")[0] for s in t] for t in trajs] == [["p", "f", "p", "a"]] * 2 + [
+        ["p", "a"]] + [["p", "f", "p", "a"]]
+    # Eq. 6 by role over the trajectories where the role acted, from the rewards the samples carry
+    rets = []
+    for t in trajs:
+        ep = Episode(question_id="sky", question="q", golden_answers=["x"])
+        for s in t:
+            ep.add_call(AgentCall(role=s.role, prompt=[], reward=s.reward))
+        rets.append(role_returns(ep))
+    assert "decor_filter" not in rets[2]
+    want = role_group_normalize(rets, ["sky"] * 4)
+    for t, w in zip(trajs, want):
+        for s in t:
+            assert s.advantages.tolist() == pytest.approx([w[s.role]] * len(s.response_ids))
+    filt = [rets[i]["decor_filter"] for i in (0, 1, 3)]
+    mu = sum(filt) / 3
+    assert sum(float(t[1].advantages[0]) for t in (trajs[0], trajs[1], trajs[3])) == pytest.approx(0.0, abs=1e-5)
+    assert float(trajs[0][1].advantages[0]) == pytest.approx(
+        (filt[0] - mu) / (math.sqrt(sum((x - mu) ** 2 for x in filt) / 2) + 1e-4), rel=1e-5)

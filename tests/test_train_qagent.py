@@ -98,11 +98,50 @@ def test_trajectory_samples_carry_the_mask_group_and_reward(tiny):
         t = trajectory_tokens(e, tok)
         assert s.prompt_ids + s.response_ids == t.input_ids and s.mask == t.loss_mask[t.prompt_len:]
         assert 0 in s.mask and sum(s.mask) == t.n_generated
-    # max_seq_len cuts the trajectory (and its mask) there
-    from ragteam.train.qagent import trajectory_samples
+    assert [e.meta["truncated_tokens"] for e in eps] == [0] * 4
 
-    cut = trajectory_samples(tok, eps, max_seq_len=len(samples[0].prompt_ids) + 5)[0]
-    assert len(cut.response_ids) == len(cut.mask) == 5
+
+def test_a_trajectory_cut_at_max_seq_len_never_trains_but_stays_in_its_group(tiny):
+    """Issue 23 §3: the Ed Wood group's first rollout searches (a long trajectory), its second answers at once; a
+    max_seq_len between the two cuts the first one's final answer. Its loss mask becomes all 0 (no token of it
+    trains), it is counted, and it keeps its reward in the group's statistics (DAPO's overlong masking), so its
+    group-mate's advantage is what the whole group gives."""
+    from ragteam.rewards.qagent import qagent_rewards_stage1
+    from ragteam.train.ppo import group_advantages, loss_tokens
+    from ragteam.train.qagent import rollout_groups, trajectory_samples, truncated
+
+    _, tok = tiny
+    n = {"ed": 0}
+
+    def reply(role, m):
+        so_far = m[-1]["content"] if m[-1]["role"] == "assistant" else ""
+        if "Ed Wood" in m[0]["content"] and not so_far:
+            n["ed"] += 1
+            if n["ed"] == 1:
+                return "<plan>look it up</plan>\n<search>\n<query>Ed Wood</query>\n</search>"
+        return ("<reflection>ok</reflection>\n" if so_far else "") + "<answer>Poughkeepsie</answer>"
+
+    team = Team(ScriptedEngine(reply), {"qagent": SamplingConfig(max_new_tokens=64)})
+    eps = rollout_groups(ROWS[:1], team, KeywordRetriever(PASSAGES), QAgentConfig(max_turns=3), group_size=2)
+    qagent_rewards_stage1(eps)
+    full = trajectory_samples(tok, eps)
+    long_, short = (len(s.prompt_ids) + len(s.response_ids) for s in full)
+    assert long_ > short
+    cut = trajectory_samples(tok, eps, max_seq_len=short + 1)
+    assert [len(s.prompt_ids) + len(s.response_ids) for s in cut] == [short + 1, short]
+    assert sum(cut[0].mask) == 0 and loss_tokens(cut[0]) == 0                   # nothing of it trains
+    assert cut[1].mask == full[1].mask and loss_tokens(cut[1]) > 0               # its group-mate is whole
+    assert eps[0].meta["truncated_tokens"] == sum(full[0].mask) - sum(full[0].mask[:short + 1 - len(
+        full[0].prompt_ids)]) > 0 and eps[1].meta["truncated_tokens"] == 0
+    assert [truncated(e) for e in eps] == [1.0, 0.0]
+    assert [s.reward for s in cut] == [s.reward for s in full] and [s.group for s in cut] == [0, 0]
+    # kept in the group statistics: rewards 1 (cut) and 0 -> advantages +1 / -1, as without the cut
+    cut[0].reward, cut[1].reward = 1.0, 0.0
+    group_advantages(cut)
+    assert [float(s.advantages[0]) for s in cut] == pytest.approx([1.0, -1.0], abs=1e-5)
+    # a prompt that alone reaches max_seq_len is an error naming the episode
+    with pytest.raises(ValueError, match="the prompt alone has"):
+        trajectory_samples(tok, eps, max_seq_len=len(full[1].prompt_ids))
 
 
 def _actor(path):
@@ -273,6 +312,36 @@ def test_stage2_starts_from_stage1_weights(tiny, tmp_path, monkeypatch):
     assert again.resumed_from == 2 and again.global_step == 2
 
 
+def test_cut_trajectories_are_logged_and_a_step_of_only_cut_ones_makes_no_update(tiny, tmp_path):
+    """The joint loop with live rollouts of the tiny policy and max_seq_len one token past the prompt: every
+    trajectory loses generated tokens, the step log says `truncated` 1.0, and with no loss token left the step
+    makes no optimiser step (LoRA B stays at its zero init) instead of a zero-loss one."""
+    from dataclasses import replace
+
+    import ragteam.train.qagent as Q
+    from ragteam.llm import EngineConfig
+    from ragteam.train.ppo import PPOParams, train_joint_ppo
+
+    path, tok = tiny
+    prompt = max(len(s.prompt_ids) for s in _samples(tok)[1])
+    tp = Q.QAgentTrainParams(group_size=2, stage1_steps=1, max_seq_len=prompt + 1)
+    s1 = Q.qagent_system(QAgentConfig(max_turns=1), tp, KeywordRetriever(PASSAGES), "stage1")
+    system = replace(s1, annotate=lambda eps: [  # a spread of rewards, so only the cut can stop the update
+        setattr(Q.agent_calls(e)[-1], "reward", float(e.meta["rollout"] == 0)) or e for e in eps])
+    p = PPOParams(steps=1, questions_per_step=2, minibatch_size=4, micro_batch_size=2, actor_lr=0.05,
+                  critic_lr=1e-3, loss_agg="group_token_mean", lora={"enabled": True, "rank": 4, "alpha": 8,
+                                                                    "top_layers": 1})
+    res = train_joint_ppo(system, ROWS, str(path), tmp_path / "ckpt", p,
+                          EngineConfig(device="cpu", threads=1, batch_size=8),
+                          {"qagent": SamplingConfig(max_new_tokens=8)})
+    e = res.log_history[0]
+    assert e["truncated"] == 1.0 and e["skipped_update"] == 1.0 and "policy_loss" not in e
+    assert e["response_tokens"] == 0.0                                   # tokens the loss counts
+    state = torch.load(tmp_path / "ckpt" / "checkpoint-1" / "state.pt", weights_only=False)
+    assert state["optimizer"]["state"] == {}
+    assert all(float(t.abs().sum()) == 0.0 for k, t in state["trainable"].items() if "lora_B" in k)
+
+
 def test_stage_trains_both_stages_to_a_saved_agent_with_a_card(tiny, tmp_path, monkeypatch):
     import yaml
 
@@ -300,5 +369,6 @@ def test_stage_trains_both_stages_to_a_saved_agent_with_a_card(tiny, tmp_path, m
     info = json.loads((tmp_path / "models/agents/qagent/ragteam-train.json").read_text())
     assert info["global_step"] == 2
     assert metrics["questions"] == 2 and "stage1/reward_last" in metrics and "stage2/reward_last" in metrics
+    assert metrics["stage1/truncated_last"] == metrics["stage2/truncated_last"] == 0.0   # max_seq_len 2048
     rows = (tmp_path / "reports/training/train_joint_qagent.csv").read_text().splitlines()
     assert len(rows) == 3 and "stage" in rows[0]

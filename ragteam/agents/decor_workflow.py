@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ragteam.agents import decor
 from ragteam.agents.core import finish_episode, llm_step, new_episode, retrieve_step
@@ -52,19 +52,14 @@ class DecorRewardConfig(Strict):
 
 
 class DynamicSamplingConfig(Strict):
-    """DAPO-style dynamic sampling (Sec. 4.4): keep a question's group of G trajectories only when the mean of
-    their team rewards R_team (Eq. 2) lies strictly inside (low, high). With R_team in [0, 1], (0, 1) drops exactly
-    the groups where every trajectory failed or every one was perfect ("promising but imperfect")."""
+    """DAPO-style dynamic sampling (Sec. 4.4): train on a question's group of G trajectories only when some role's
+    return varies within it (`ragteam.train.decor_adv.keep_group`: otherwise every Eq. 6 advantage is 0), and
+    refill the step with further questions until `joint.decor.ppo.questions_per_step` groups are kept or
+    `max_rounds` rollouts have run (`ragteam.train.ppo._select_with_refill`)."""
 
     enabled: bool = True
-    low: float = 0.0
-    high: float = 1.0
-
-    @model_validator(mode="after")
-    def _ordered(self) -> DynamicSamplingConfig:
-        if not self.low < self.high:
-            raise ValueError(f"dynamic_sampling: low ({self.low}) must be below high ({self.high})")
-        return self
+    max_rounds: int = Field(10, ge=1)   # rollouts per step, the first included (DAPO recipe's max_num_gen_batches
+                                        # 10); 1: no refill
 
 
 class DecorConfig(Strict):

@@ -26,9 +26,34 @@ def exact_match(prediction: str, golden: str | list[str]) -> float:
 
 
 def accuracy(prediction: str, golden: str | list[str]) -> float:
-    """1 if a normalised gold answer is contained in the normalised prediction ("acc" / cover-EM)."""
+    """1 if a normalised gold answer is contained in the normalised prediction ("acc" / cover-EM).
+
+    FlashRAG's definition, a character substring ("no" is in "not", "2" in "doc 2"): the evaluation's Acc column.
+    Rewards use `contains_answer`, which counts whole tokens only."""
     p = normalize_answer(prediction)
     return float(any(normalize_answer(g) in p for g in _golds(golden) if normalize_answer(g)))
+
+
+_PUNCT_AS_SPACE = str.maketrans({ch: " " for ch in [*_PUNCT, "\u2019"]})
+
+
+def _token_runs(s: str) -> tuple[str, str]:
+    """s normalised as FlashRAG does (punctuation deleted: "Freedonia's" -> "freedonias", "Paris/London" ->
+    "parislondon"), and normalised with punctuation read as a token boundary ("freedonia s", "paris london"), so a
+    possessive or a slash does not hide the entity. The curly apostrophe is punctuation there too."""
+    return normalize_answer(s), normalize_answer(s.translate(_PUNCT_AS_SPACE))
+
+
+def contains_answer(text: str, golden: str | list[str]) -> float:
+    """1 if a normalised gold answer occurs in the normalised text as whole tokens: its token sequence is a
+    contiguous run of the text's tokens ("no" is not in "not", "2" not in "2nd", "Paris" not in "Parisian"), in
+    either reading of punctuation (`_token_runs`: "Freedonia" is in "Freedonia's army", "Ocean's Eleven" in
+    "Oceans Eleven"), else 0; max over the golden answers.
+
+    The "contains the gold answer" of rewards (QAgent's Hit and non-strict EM, DECOR's rule judge), where a
+    substring test pays for accidents. Not FlashRAG's Acc (`accuracy`), which stays the evaluation metric."""
+    texts = [f" {t} " for t in _token_runs(text)]
+    return float(any(g and f" {g} " in t for x in _golds(golden) for g, t in zip(_token_runs(x), texts)))
 
 
 def token_prf(prediction: str, gold: str) -> tuple[float, float, float]:

@@ -30,7 +30,7 @@ from typing import Protocol
 from ragteam.agents import decor
 from ragteam.agents.core import FormatError
 from ragteam.agents.decor_workflow import JUDGE_ROLE, DecorConfig, DecorRewardConfig
-from ragteam.eval.metrics import f1_score, normalize_answer
+from ragteam.eval.metrics import contains_answer, f1_score, normalize_answer
 from ragteam.llm import Messages, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit
@@ -316,9 +316,9 @@ def _turn(ep: Episode, turn: int) -> dict:
 
 
 def _contains(text: str, golds: Sequence[str]) -> bool:
-    """A normalised gold answer occurs in the normalised text as whole words (not inside a longer word)."""
-    t = f" {normalize_answer(text)} "
-    return any(g and f" {g} " in t for g in (normalize_answer(x) for x in golds))
+    """A gold answer (or a title) occurs in the text as whole tokens, a possessive read as the entity
+    ("Freedonia's army" mentions Freedonia): `metrics.contains_answer`, the rewards' one containment test."""
+    return contains_answer(text, list(golds)) == 1.0
 
 
 def _title_key(title: str) -> str:
@@ -337,7 +337,9 @@ def _policy_calls(ep: Episode) -> list[tuple[int, AgentCall]]:
 class RuleJudge:
     """Offline verdicts from the data the pipeline already has (golden answers, retrieved passages, supporting
     titles from the question rows' `metadata.supporting_titles`). Containment = a normalised gold answer occurs in
-    the normalised text as whole words; "yes"/"no" golds never count as contained in passages or queries.
+    the normalised text as whole tokens, a possessive counting as its entity (`metrics.contains_answer`: "no" is
+    not in "not", "Freedonia" is in "Freedonia's"); "yes"/"no" golds never count as contained in passages or
+    queries.
 
     - R_LJ: 1 iff a gold answer is contained in the prediction (the project's Acc, but as whole words: "no" is not
       contained in "not", "Paris" not in "Parisian").
@@ -472,7 +474,7 @@ def assign_rewards(episodes: Sequence[Episode], judgements: Sequence[Judgement],
     """Fill `AgentCall.reward` (R_total of the step) of every policy call and `Episode.meta["reward"]`.
 
     meta["reward"] = {format_ok, f1, lj, team, roles: {call index: R_role}}; `team` is R_team even for a gated
-    trajectory (dynamic sampling filters on it), but then every policy call's reward is `format_penalty`.
+    trajectory (the step log's figures), but then every policy call's reward is `format_penalty`.
     """
     for ep, j in zip(episodes, judgements):
         ok = format_ok(ep)

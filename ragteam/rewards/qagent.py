@@ -1,26 +1,34 @@
-"""QAgent rewards (Sec. 3.3-3.4), one function per equation, on the project's one EM / accuracy.
+"""QAgent rewards (Sec. 3.3-3.4), one function per equation, on the project's one normaliser.
 
 Stage 1 (end-to-end RL), Eq. 7:  R(τ) = 1{r_fmt(τ) = 1} · EM_s(A*, Â)
 Stage 2 (generalized RL), Eq. 8-10:  K = parseDocSet(τ);  Ã = G(q, K);  R(τ) = EM(A*, Ã) + 0.5 · Hit(τ, A*)
 
-EM_s is strict EM (`metrics.exact_match`: FlashRAG/SQuAD normalisation, as Search-R1's EM); the stage-2 EM is
-non-strict, "the prediction contains the gold answer" (`metrics.accuracy`); both take the max over golden answers.
+EM_s is strict EM (`metrics.exact_match`: FlashRAG/SQuAD normalisation, Search-R1's `em_check`). The stage-2 EM
+is non-strict, "a prediction is correct if it contains the gold answer" (Sec. 4.1, after Self-RAG), read as whole
+tokens (`metrics.contains_answer`): Search-R1's `subem_check` tests a character substring, which pays a generator
+that says "not sure" for the gold "no". Both take the max over golden answers.
 Not stated in the paper, chosen here:
 - r_fmt: every turn of τ parsed without a format error (`qagent.parse_turn`: <plan> before each <search>, 1-3
   non-empty <query>, <reflection> after each <information>, no <information> written by the agent, no retry turn)
   and τ ends with a non-empty <answer>. Binary, as the paper's gate.
-- Hit: "the entire trajectory contains the gold answer": a normalised golden answer is contained in the whole of τ
-  after the prompt, the injected <information> blocks included (the retrieved passages are part of τ, Eq. 6).
+- Hit: "the entire trajectory contains the gold answer" (Sec. 3.4) is read over the retrieved passages K of Eq. 8
+  only: a golden answer occurs as whole tokens in one passage of K (title and text, clipped to `passage_words` as
+  the agent and G see them). Not the agent's own plans, queries, reflections or answer: stage 2 rewards retrieval
+  (Sec. 3.4: the end-to-end answer is "relaxed to Hit"), and an agent that writes the gold itself retrieved
+  nothing. Not the environment's text either: `Doc N` labels, "Title:" headers and the retry prompt (gold "2"
+  must not hit "Doc 2").
 The trajectory-level reward is written on the agent's last call (`AgentCall.reward`), where a trainer reads it.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragteam.agents.qagent_workflow import agent_calls, generator_step, knowledge, trajectory_text
-from ragteam.eval.metrics import accuracy, exact_match
+from ragteam.agents.core import clip_words
+from ragteam.agents.qagent_workflow import agent_calls, generator_step, knowledge
+from ragteam.eval.metrics import contains_answer, exact_match
 from ragteam.llm import Team
 from ragteam.records import Episode
+from ragteam.retrieval.base import Hit
 
 
 def format_ok(ep: Episode) -> bool:
@@ -38,15 +46,18 @@ def qagent_reward_stage1(ep: Episode) -> float:
     return exact_match(agent_calls(ep)[-1].parsed["answer"], ep.golden_answers)
 
 
-def hit(trajectory: str, golden_answers: list[str]) -> float:
-    """Hit(τ, A*): 1 if the trajectory contains a golden answer (normalised), else 0."""
-    return accuracy(trajectory, golden_answers)
+def hit(passages: Sequence[Hit], golden_answers: list[str], passage_words: int | None = None) -> float:
+    """Hit(τ, A*): 1 if a golden answer occurs as whole tokens in one passage of K (its title and its text clipped
+    to `passage_words`), else 0 (module docstring)."""
+    return float(any(contains_answer(f"{h.title}\n{clip_words(h.text, passage_words)}", golden_answers)
+                     for h in passages))
 
 
-def qagent_reward_stage2(generator_answer: str, trajectory: str, golden_answers: list[str],
-                         hit_weight: float = 0.5) -> float:
-    """Eq. 10: R(τ) = EM(A*, Ã) + 0.5 · Hit(τ, A*), with non-strict EM (Ã contains A*)."""
-    return accuracy(generator_answer, golden_answers) + hit_weight * hit(trajectory, golden_answers)
+def qagent_reward_stage2(generator_answer: str, passages: Sequence[Hit], golden_answers: list[str],
+                         hit_weight: float = 0.5, passage_words: int | None = None) -> float:
+    """Eq. 10: R(τ) = EM(A*, Ã) + 0.5 · Hit(τ, A*), EM non-strict (Ã contains A* as whole tokens), Hit over K."""
+    return (contains_answer(generator_answer, golden_answers)
+            + hit_weight * hit(passages, golden_answers, passage_words))
 
 
 def qagent_rewards_stage1(episodes: Sequence[Episode]) -> list[float]:
@@ -65,12 +76,13 @@ def qagent_rewards_stage2(episodes: Sequence[Episode], team: Team, passage_words
     answer_agent) over every (q, K), recorded as an AgentCall of its episode (meta reward="stage2"); the reward is
     written on each episode's last agent call and returned in order."""
     eps = list(episodes)
-    gen = generator_step(team, eps, [knowledge(ep) for ep in eps], passage_words, reward="stage2")
+    ks = [knowledge(ep) for ep in eps]
+    gen = generator_step(team, eps, ks, passage_words, reward="stage2")
     out = []
-    for ep, g in zip(eps, gen):
+    for ep, k, g in zip(eps, ks, gen):
         answer = g.parsed if g.format_error is None else ""
-        r = qagent_reward_stage2(answer, trajectory_text(ep), ep.golden_answers, hit_weight)
-        g.meta.update(hit=hit(trajectory_text(ep), ep.golden_answers), em=accuracy(answer, ep.golden_answers))
+        r = qagent_reward_stage2(answer, k, ep.golden_answers, hit_weight, passage_words)
+        g.meta.update(hit=hit(k, ep.golden_answers, passage_words), em=contains_answer(answer, ep.golden_answers))
         agent_calls(ep)[-1].reward = r
         out.append(r)
     return out

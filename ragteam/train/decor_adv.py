@@ -7,6 +7,13 @@ imports torch.
     R_total^{u,i} = mean of AgentCall.reward over role u's calls in trajectory i
     A_i^u = (R_total^{u,i} − μ_u) / (σ_u + ε)         Eq. 6: μ_u, σ_u over the group's trajectories where u acted
 
+Eq. 6 writes μ_u, σ_u over {R_total^{u,j}}_{j=1..G}, but R_total^{u,j} exists only where role u acted in
+trajectory j: a trajectory whose Planner stopped at once has no Filter call, and one cut at a malformed Planner
+output has neither Filter nor Answerer. So μ_u, σ_u are taken over the trajectories of the group where u acted
+(G_u ≤ G of them); a trajectory without a u call has no A^u (nothing of u to train) and does not enter u's
+statistics, while its other roles' advantages count as usual. (Counting it as R = 0 would invent a reward the
+paper never defines and shift every other trajectory's A^u.)
+
 Unstated in the paper and chosen here:
 - Several Planner / Filter steps per trajectory (up to T_max each): their step rewards are averaged into one
   R_total^{u,i} (Eq. 6 normalises one value per trajectory and role), and that A_i^u applies to every call of u in i.
@@ -14,6 +21,12 @@ Unstated in the paper and chosen here:
 - σ is the sample standard deviation (n − 1), as the project's GRPO (`grpo_prefix`) and TRL compute it; a group
   where role u acted in fewer than two trajectories, or where its returns are all equal, gets A = 0 for u.
 - The group of a trajectory is its question (`Episode.question_id`): a batch holds the G rollouts of each question.
+- Dynamic sampling (Sec. 4.4, "filtering out zero-gradient noise", after DAPO): a group trains when what Eq. 6
+  normalises varies within it, i.e. some role's R_total^{u,i} differs across the trajectories where u acted, so
+  some A_i^u ≠ 0 (`keep_group`). The paper's "0 < R_i < 1" window on the team reward would drop a group where
+  some trajectories pass the format gate and others do not while all score R_team = 0: its role rewards (±1
+  against −1) are the only signal such a group has. DAPO's own filter is this one: verl's recipe/dapo keeps a
+  prompt whose rewards have std > 0.
 """
 from __future__ import annotations
 
@@ -69,21 +82,21 @@ def decor_advantages(episodes: Sequence[Episode], eps: float = EPS) -> list[list
     return [[a.get(c.role) if c.role in POLICY_ROLES else None for c in ep.calls] for ep, a in zip(episodes, adv)]
 
 
-def keep_group(team_rewards: Sequence[float], low: float = 0.0, high: float = 1.0) -> bool:
-    """Dynamic sampling (Sec. 4.4): a group is "promising but imperfect" when low < mean R_team < high."""
-    if not team_rewards:
-        return False
-    mean = sum(team_rewards) / len(team_rewards)
-    return low < mean < high
+def keep_group(returns: Sequence[Mapping[str, float]], tol: float = 1e-9) -> bool:
+    """Dynamic sampling (module docstring): a group of trajectories trains iff some policy role's R_total^{u,i}
+    (returns[i][u], `role_returns`) varies across the trajectories where u acted (by more than `tol`, float
+    noise), so that Eq. 6 gives some call a non-zero advantage; whatever the group's mean R_team."""
+    by_role: dict[str, list[float]] = defaultdict(list)
+    for r in returns:
+        for role, v in r.items():
+            by_role[role].append(v)
+    return any(max(vs) - min(vs) > tol for vs in by_role.values())
 
 
-def dynamic_sampling(episodes: Sequence[Episode], low: float = 0.0, high: float = 1.0) -> list[Episode]:
-    """The episodes of the groups (questions) that `keep_group` keeps, order preserved; filters on R_team
-    (`Episode.meta["reward"]["team"]`, set by `ragteam.rewards.decor.assign_rewards`)."""
-    teams: dict[str, list[float]] = defaultdict(list)
+def dynamic_sampling(episodes: Sequence[Episode]) -> list[Episode]:
+    """The episodes of the groups (questions, `Episode.question_id`) that `keep_group` keeps, order preserved."""
+    returns: dict[str, list[dict[str, float]]] = defaultdict(list)
     for ep in episodes:
-        if "reward" not in ep.meta:
-            raise ValueError(f"episode {ep.episode_id} has no meta.reward (run decor_rewards first)")
-        teams[ep.question_id].append(float(ep.meta["reward"]["team"]))
-    kept = {g for g, rs in teams.items() if keep_group(rs, low, high)}
+        returns[ep.question_id].append(role_returns(ep))
+    kept = {g for g, rs in returns.items() if keep_group(rs)}
     return [ep for ep in episodes if ep.question_id in kept]

@@ -16,8 +16,9 @@ Episodes is one PPO sample, roles mixed. One training step, top to bottom:
               call's reward on its last response token (`ragteam.train.advantages.episode_gae`; γ = λ = 1 in the
               official M-ASK / JADE code), whitened over the batch; or the system's own `JointSystem.advantage`
               (DECOR: Eq. 6 per role within each question's group), one scalar per call broadcast to its tokens,
-              with no critic. A system may first `select` the episodes that train (DECOR's dynamic sampling); a
-              step where it keeps none logs `skipped_update` and makes no optimiser step;
+              with no critic. A system may first `select` the groups that train (DECOR's dynamic sampling); a
+              step that keeps too few rolls out further questions, DAPO's way (`_select_with_refill`), and a
+              step left with no loss token logs `skipped_update` and makes no optimiser step;
  6. update    `ppo_epochs` passes over role-mixed minibatches of `minibatch_size` calls: token-level clipped policy
               loss + vf_coef · clipped value loss (+ kl_coef · k3 KL), gradient clipping (`ragteam.train.pg`);
  7. log + checkpoint (resume through `ragteam.train.checkpoints`); a non-finite loss stops training with the last
@@ -133,8 +134,12 @@ class JointSystem:
     advantage: Callable[[list[Episode]], list[list[float | None]]] | Literal["group"] | None = None
     # (tokenizer, episodes) -> samples; None: one sample per call of a trained role
     samples: Callable[[Any, Sequence[Episode]], list[Sample]] | None = None
-    # which rewarded episodes train this step (DECOR's dynamic sampling); None: all
+    # which rewarded episodes train this step (DECOR's dynamic sampling): whole groups (Episode.question_id) are
+    # kept or dropped; None: all. With a `select`, a step that keeps fewer than its questions' groups rolls out
+    # further questions, up to `max_rollout_rounds` rollouts per step, the first included (DAPO's
+    # max_num_gen_batches; 1: no refill); see `_select_with_refill`
     select: Callable[[list[Episode]], list[Episode]] | None = None
+    max_rollout_rounds: int = 1
     # helper roles that are never trained: role -> checkpoint, None = the base model of the policy (its LoRA
     # adapter switched off; a second copy without LoRA). Their calls are generated but are no samples.
     frozen_roles: dict[str, str | None] = field(default_factory=dict)
@@ -405,6 +410,59 @@ def _questions(rows: Sequence[dict], step: int, n: int, seed: int) -> list[dict]
     return [rows[order[(pos + k) % len(order)]] for k in range(n)]
 
 
+def _refill_order(n_rows: int, step: int, seed: int) -> list[int]:
+    """The order in which step `step` draws refill questions: a permutation seeded by (seed, step) alone, apart
+    from the epoch order of `_questions`, so a refill never moves a later step's questions and a resumed run
+    draws the same refills for the same rollout outcomes."""
+    order = list(range(n_rows))
+    random.Random(f"{seed}:refill:{step}").shuffle(order)
+    return order
+
+
+def _select_with_refill(system: JointSystem, rows: Sequence[dict], questions: Sequence[dict],
+                        episodes: list[Episode], team: Team, step: int, seed: int, shard: tuple[int, int] = (0, 1)
+                        ) -> tuple[list[Episode], list[Episode], dict[str, float]]:
+    """Step 3's selection with DAPO's refill (dynamic sampling, DAPO Sec. 3.2 and verl's recipe/dapo trainer):
+    while the kept groups are fewer than the step's questions and fewer than `system.max_rollout_rounds` rollouts
+    have run, roll out and annotate as many further questions as groups are missing, the next ones of
+    `_refill_order` not drawn yet this step (this process's `shard` of it, as for `_questions`), and select again.
+    Then train on the first `len(questions)` kept groups in draw order (DAPO trims its batch the same way); when
+    the cap is hit with fewer, train on those (DAPO raises instead: a long run should not die on a hard batch).
+
+    Returns (every episode rolled out this step, the episodes that train, the step log's selection counts:
+    `groups` rolled out, `groups_kept` by `select`, `groups_dropped`, `groups_refilled` (rolled out after the
+    first round), `groups_trained`, `episodes_trained`, `rollout_rounds`). Groups are `Episode.question_id`."""
+    def groups(eps: Sequence[Episode]) -> list[str]:
+        return list(dict.fromkeys(ep.question_id for ep in eps))
+
+    target = len(questions)
+    kept = system.select(episodes) if system.select is not None else list(episodes)
+    drawn = {r["id"] for r in questions}
+    pending = iter(_refill_order(len(rows), step, seed)[shard[0]::shard[1]])
+    rounds, refilled = 1, 0
+    while system.select is not None and len(groups(kept)) < target and rounds < system.max_rollout_rounds:
+        more: list[dict] = []
+        for i in pending:
+            if rows[i]["id"] not in drawn:
+                drawn.add(rows[i]["id"])
+                more.append(rows[i])
+                if len(more) == target - len(groups(kept)):
+                    break
+        if not more:        # every question of the pool was drawn this step
+            break
+        new = system.annotate(system.rollout(more, team))
+        episodes = episodes + new
+        kept = kept + system.select(new)
+        rounds, refilled = rounds + 1, refilled + len(more)
+    trained = set(groups(kept)[:target])
+    chosen = [ep for ep in kept if ep.question_id in trained]
+    n_groups, n_kept = len(groups(episodes)), len(groups(kept))
+    return episodes, chosen, {"groups": float(n_groups), "groups_kept": float(n_kept),
+                              "groups_dropped": float(n_groups - n_kept), "groups_refilled": float(refilled),
+                              "groups_trained": float(len(trained)), "episodes_trained": float(len(chosen)),
+                              "rollout_rounds": float(rounds)}
+
+
 def single_pass(p: PPOParams, n_samples: int) -> bool:
     """One forward pass per step suffices when the update is a single on-policy optimiser step: one PPO epoch, one
     minibatch holding every sample, no reference model."""
@@ -670,24 +728,26 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         # 1-2. rollout (this process's share of the step's questions) and rewards
         qs = _questions(rows, step, p.questions_per_step, p.seed)[accel.process_index::accel.num_processes]
         ac.eval()
-        episodes = system.annotate(system.rollout(qs, rollouts.team(step)))
+        team = rollouts.team(step)
+        episodes = system.annotate(system.rollout(qs, team))
+        # 3. the episodes that train (all, unless the system selects: then refills, see _select_with_refill) ...
+        episodes, chosen, selection = _select_with_refill(system, rows, qs, episodes, team, step, p.seed,
+                                                          (accel.process_index, accel.num_processes))
         t_rollout = time.perf_counter() - t0
-        # 3. samples: the calls of the trained roles of the episodes that train (all, unless the system selects)
+        # ... and the samples: the calls of the trained roles (or the system's own samples) of every episode
         samples = (system.samples(tok, episodes) if system.samples is not None
                    else episode_samples(tok, episodes, system.roles))
-        chosen = system.select(episodes) if system.select is not None else episodes
         keep = {id(ep) for ep in chosen}
         train_eps = {i for i, ep in enumerate(episodes) if id(ep) in keep}
         batch_samples = [s for s in samples if s.episode in train_eps]
-        selection = {"episodes_trained": float(len(train_eps)),
-                     "groups_trained": float(len({episodes[i].question_id for i in train_eps})),
-                     "groups": float(len({ep.question_id for ep in episodes}))}
-        if not batch_samples:
-            # nothing to learn from (e.g. dynamic sampling kept no group): no optimiser step, the step still counts
+        if not any(loss_tokens(s) for s in batch_samples):
+            # nothing to learn from (dynamic sampling kept no group, or every trajectory was cut at QAgent's
+            # max_seq_len): no optimiser step, the step still counts
             stats: dict[str, list[float]] = {}
             selection["skipped_update"] = 1.0
-            log.warning("%s step %d: no episode selected for training (%d of %d groups kept): update skipped",
-                        system.name, step + 1, int(selection["groups_trained"]), int(selection["groups"]))
+            log.warning("%s step %d: nothing to train on (%d of %d groups kept, no loss token in the %d samples "
+                        "selected): update skipped", system.name, step + 1, int(selection["groups_kept"]),
+                        int(selection["groups"]), len(batch_samples))
         else:
             selection["skipped_update"] = 0.0
             stats = _update(system, p, batch_samples, episodes, ac, ac_wrapped, opt, accel, ref_logp, pad_id,

@@ -8,7 +8,9 @@ QAgent is a system adapter of `ragteam.train.ppo`, not a loop of its own:
             + hit_weight x Hit);
 - sample    one whole trajectory per episode (`trajectory_samples`): prompt ids, then every generated segment and
             injected block tokenised by `qagent_workflow.trajectory_tokens`, whose loss mask is 0 on the
-            <information> blocks and the retry text (Fig. 2: "the searched content tokens are masked");
+            <information> blocks and the retry text (Fig. 2: "the searched content tokens are masked"); a
+            trajectory cut at `max_seq_len` keeps its place in its group's statistics but trains no token, and the
+            step log's `truncated` is the share of such trajectories;
 - advantage group-normalised reward over the G rollouts of a question, broadcast to the trajectory's tokens, no
             critic (`JointSystem.advantage="group"`);
 - loss      the clipped ratio with k3 KL to the reference, normalised by the group's total generated tokens
@@ -49,7 +51,8 @@ class QAgentTrainParams(Strict):
     stage2_steps: int = Field(8, ge=1)
     hit_weight: float = Field(0.5, ge=0)          # Eq. 10: R = EM(A*, Ã) + 0.5·Hit
     generator: str | None = None                  # frozen stage-2 generator G (role answer_agent); null = llm.model
-    max_seq_len: int = Field(8192, ge=16)         # prompt + trajectory tokens; longer trajectories are cut there
+    max_seq_len: int = Field(8192, ge=16)         # prompt + trajectory tokens; a trajectory cut there does not
+                                                  # train (trajectory_samples), logged as `truncated`
 
     def steps(self, stage: Stage) -> int:
         return self.stage1_steps if stage == "stage1" else self.stage2_steps
@@ -72,7 +75,15 @@ def rollout_groups(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: 
 def trajectory_samples(tok, episodes: Sequence[Episode], max_seq_len: int | None = None) -> list[Sample]:
     """One sample per episode: the first prompt is the sample's prompt, the whole trajectory its response, with
     `trajectory_tokens`' loss mask (generated 1, injected 0); the reward is the one on the last agent call.
-    A trajectory longer than `max_seq_len` tokens (prompt included) is cut there."""
+
+    A trajectory longer than `max_seq_len` tokens (prompt included) is cut there. When the cut removes generated
+    tokens, the sample keeps its reward and its group but its whole loss mask is 0, and the episode records
+    `meta["truncated_tokens"]` (the generated tokens cut; 0 otherwise). Why: the reward was earned by the whole
+    trajectory (stage 1 by its every turn and its final <answer>, stage 2 by K and so by every query), and the
+    policy never saw a sequence that ends where the cut does; training the prefix on that reward credits tokens
+    for an outcome they did not produce. As DAPO's overlong filtering (verl `mask_overlong_loss`), the sample stays
+    in its group's mean and std, so its group-mates' advantages are those of the group that was rolled out; it only
+    adds no loss tokens (Eq. 3 normalises over the tokens that count)."""
     out = []
     for ei, ep in enumerate(episodes):
         calls = agent_calls(ep)
@@ -82,16 +93,28 @@ def trajectory_samples(tok, episodes: Sequence[Episode], max_seq_len: int | None
         if "group" not in ep.meta:
             raise ValueError(f"episode {ep.episode_id}: no meta['group'] (roll out with rollout_groups)")
         t = trajectory_tokens(ep, tok)
-        ids, mask = t.input_ids, t.loss_mask
+        ids, mask, cut = t.input_ids, t.loss_mask, 0
         if max_seq_len is not None and len(ids) > max_seq_len:
             if t.prompt_len >= max_seq_len:
                 raise ValueError(f"episode {ep.episode_id}: the prompt alone has {t.prompt_len} tokens "
                                  f"(max_seq_len {max_seq_len})")
+            cut = sum(mask[max_seq_len:])
             ids, mask = ids[:max_seq_len], mask[:max_seq_len]
+            if cut:
+                mask = [0] * len(mask)
+        ep.meta["truncated_tokens"] = cut
         out.append(Sample(episode=ei, call=ep.calls.index(calls[-1]), role=ROLE, prompt_ids=ids[:t.prompt_len],
                           response_ids=ids[t.prompt_len:], reward=float(reward), group=ep.meta["group"],
                           mask=mask[t.prompt_len:]))
     return out
+
+
+def truncated(ep: Episode) -> float:
+    """1 if the episode's sample lost generated tokens to max_seq_len (`trajectory_samples`): the step log's
+    `truncated` is the share of a step's trajectories that did not train."""
+    if "truncated_tokens" not in ep.meta:
+        raise ValueError(f"episode {ep.episode_id}: no meta['truncated_tokens'] (build its sample first)")
+    return float(ep.meta["truncated_tokens"] > 0)
 
 
 def qagent_system(cfg: QAgentConfig, tp: QAgentTrainParams, retriever: Retriever, stage: Stage = "stage1",
@@ -115,9 +138,11 @@ def qagent_system(cfg: QAgentConfig, tp: QAgentTrainParams, retriever: Retriever
                   "qagent": cfg.model_dump(), "group_size": tp.group_size, "max_seq_len": tp.max_seq_len,
                   "reward": ("Eq. 7 (ragteam.rewards.qagent.qagent_rewards_stage1)" if stage == "stage1" else
                              f"Eq. 8-10, hit_weight {tp.hit_weight} (ragteam.rewards.qagent.qagent_rewards_stage2)"),
-                  "samples": "trajectory_tokens (information / retry masked)", "advantage": "group"},
+                  "samples": "trajectory_tokens (information / retry masked; cut at max_seq_len: loss masked, "
+                             "kept in the group statistics)", "advantage": "group"},
         advantage="group",
         samples=lambda tok, eps: trajectory_samples(tok, eps, tp.max_seq_len),
+        stats={"truncated": truncated},
     )
 
 
@@ -177,4 +202,4 @@ def curve_rows_joint(history: Sequence[dict], offset: int, stage: str) -> list[d
 
 
 __all__ = ["QAgentTrainParams", "qagent_system", "rollout_groups", "stage_ppo",
-           "train_qagent", "trajectory_samples"]
+           "train_qagent", "trajectory_samples", "truncated"]

@@ -79,8 +79,9 @@ def decor_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     """DECOR (Sec. 4.4): Planner, Filter and Answerer on the shared policy, the summarizer (and an LLM judge) frozen;
     `decor.group_size` training-mode rollouts of each question (a malformed call truncates its trajectory); rewards
     R_total of Eq. 3 per call (format gate, Eq. 2, the `decor.judge` role verdicts); advantages of Eq. 6 per role
-    within each question's group, no critic; dynamic sampling keeps a question's group only when its mean R_team
-    lies inside (`decor.dynamic_sampling.low`, `high`). The loss is the shared one with `ratio_level: sequence`
+    within each question's group, no critic; dynamic sampling keeps a question's group only when some role's return
+    varies within it, and the trainer refills the step with further questions up to
+    `decor.dynamic_sampling.max_rounds` rollouts. The loss is the shared one with `ratio_level: sequence`
     (Eq. 5; clip-higher through `clip_eps` / `clip_eps_high`)."""
     from ragteam.agents import decor as D
     from ragteam.agents.decor_workflow import JUDGE_ROLE, DecorConfig, run_decor
@@ -107,11 +108,12 @@ def decor_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     return JointSystem(
         name="decor", roles=D.POLICY_ROLES, rollout=rollout, annotate=annotate,
         advantage=decor_advantages,
-        select=(lambda eps: dynamic_sampling(eps, ds.low, ds.high)) if ds.enabled else None,
+        select=dynamic_sampling if ds.enabled else None, max_rollout_rounds=ds.max_rounds if ds.enabled else 1,
         frozen_roles=frozen, requires={"ratio_level": "sequence", "normalize_advantages": False},
         describe={"workflow": "ragteam.agents.decor_workflow.run_decor(truncate_on_format_error=True)",
                   "decor": cfg.model_dump(), "advantage": "ragteam.train.decor_adv.decor_advantages (Eq. 6)",
-                  "dynamic_sampling": "ragteam.train.decor_adv.dynamic_sampling on the group's mean R_team"
+                  "dynamic_sampling": ("ragteam.train.decor_adv.dynamic_sampling (some role's return varies in the "
+                                       f"group), refilled up to {ds.max_rounds} rollouts per step")
                   if ds.enabled else "off",
                   "reward": "DECOR Eq. 2-3 with the format gate (ragteam.rewards.decor.decor_rewards)"},
     )
@@ -144,11 +146,14 @@ REWARD_TEXT = {
               "truncated and every policy call gets -1 (format gate); otherwise each call gets R_total = α·R_team + "
               "β·R_role (Eq. 3), R_team = λ·F1 + (1 − λ)·R_LJ (Eq. 2), R_role = ±1 per step from decor.judge (rules "
               "or the Appendix B prompts); per role the calls' rewards are averaged per trajectory and normalised "
-              "within the question's G trajectories (Eq. 6); dynamic sampling trains only on the groups with "
-              "low < mean R_team < high (decor.dynamic_sampling; the paper's 0 and 1)."),
+              "within the question's G trajectories where the role acted (Eq. 6); dynamic sampling trains only on "
+              "the groups where some role's return varies (some advantage is non-zero), refilling the step with "
+              "further questions up to decor.dynamic_sampling.max_rounds rollouts (DAPO)."),
     "qagent": ("QAgent, one reward per trajectory, group-normalised over its question's G rollouts: stage 1 "
                "1{r_fmt = 1}·EM_s(A*, Â) (Eq. 7), stage 2 EM(A*, G(q, K)) + hit_weight·Hit(τ, A*) (Eq. 8-10, "
-               "non-strict EM, frozen generator G over the deduplicated passages K)."),
+               "frozen generator G over the deduplicated passages K; non-strict EM = G's answer contains a gold "
+               "answer as whole tokens, Hit = a passage of K does). A trajectory cut at max_seq_len keeps its "
+               "place in its group's statistics but does not train (its loss is masked)."),
 }
 
 SYSTEMS: dict[str, Callable[[dict[str, Any], Retriever], JointSystem]] = {
