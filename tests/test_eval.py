@@ -150,7 +150,8 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path, capsy
     systems = {**SYSTEMS, "maps_untrained": {"workflow": "maps"}}
     ev = EvalConfig(benchmarks="all", n_questions=2, systems=systems, agents={"answer_agent": "models/trained"})
     out = tmp_path / "out"
-    metrics = stage.run(LLMConfig(), MapsConfig(max_rounds=2, top_k=1), ev, benchmarks=_prepared(tmp_path),
+    metrics = stage.run(LLMConfig(), MapsConfig(max_rounds=2, top_k=1, judge_initial=False), ev,
+                        benchmarks=_prepared(tmp_path),
                         results=out / "results", report=out / "eval.md", figures=out / "fig", retriever=ret,
                         engines=pool, differences=out / "compare.json")
     assert list(metrics) == list(systems) and list(metrics["maps"]) == ["hotpotqa", "bamboogle", "avg"]
@@ -272,7 +273,8 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
     res = CliRunner().invoke(app, ["ask", "What is q0r0 ?", "--params", str(REPO / "params.yaml"), "--calls",
                                    "--index", "idx"])
     assert res.exit_code == 0, res.output
-    assert "A: ans0" in res.output and "1 round(s), judge_sufficient" in res.output and opened == ["idx"]
+    # maps.judge_initial: the judge finds the first pool sufficient, so no round runs
+    assert "A: ans0" in res.output and "0 round(s), judge_sufficient" in res.output and opened == ["idx"]
     assert "[query_agent] 'q0r1' -> 'q0r1'" in res.output
     bad = CliRunner().invoke(app, ["ask", "x", "--system", "nope", "--params", str(REPO / "params.yaml")])
     assert bad.exit_code == 1 and "not in eval.systems" in bad.output
