@@ -122,14 +122,15 @@ def run(system_name: str, params: dict) -> dict:
         title=(f"{system_name}: joint {'PPO' if system.critic else 'group policy gradient'}, {ppo.steps} steps x "
                f"{ppo.questions_per_step} questions"),
         notes=(f"One policy for every role ({', '.join(system.roles)}); each AgentCall of a rollout is a sample "
-               + (f"(GAE scope {ppo.gae_scope}, γ {ppo.gamma}, λ {ppo.lam}, critic {ppo.critic}). " if system.critic
+               + (f"(GAE scope {system.gae_scope}, γ {ppo.gamma}, λ {ppo.lam}, critic {ppo.critic}). "
+                  if system.critic
                   else f"(advantages: {system.describe.get('advantage', 'the system estimator')}, no critic; ratio "
                        f"{ppo.ratio_level}, ε {ppo.clip_eps} / {ppo.clip_eps_high or ppo.clip_eps}). ")
                + f"`collapsed` flags "
                f"episode F1 and response length both falling below {1 - ppo.collapse_drop:.0%} of their best window."))
 
 
-QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), "zero_advantage", "policy_loss",
+QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), "zero_advantage", "policy_loss", "grad_norm/policy",
                  ("KL", ["approx_kl", "kl_ref"]), "response_tokens", "format_error_rate",
                  ("turns, searches", ["turns", "searches"])]
 

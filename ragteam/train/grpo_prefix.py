@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from ragteam.train.checkpoints import (TrainResult, fingerprint, load_train_state, model_identity, prepare_resume,
-                                      save_train_state)
+from ragteam.train.advantages import group_normalized
+from ragteam.train.checkpoints import (TrainResult, diverged, fingerprint, load_train_state, model_identity,
+                                      prepare_resume, save_train_state)
 from ragteam.train.common import GRPOParams, GRPOSample, lora_config, model_params, validate_samples
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,9 @@ def train_grpo_shared_prefix(
         opt.zero_grad(set_to_none=True)
         loss_sum, kl_sum = 0.0, 0.0
         for (i, comp, mask), r in zip(groups, rewards):
-            adv = ((r - r.mean()) / (r.std() + 1e-4)).to(device)
+            # TRL's scale_rewards="group": sample std, ε 1e-4 (a group with equal rewards gets A = 0)
+            adv = torch.tensor(group_normalized(r.tolist(), [0] * len(r), std="sample", eps=1e-4),
+                               dtype=torch.float32, device=device)
             logp = _group_logps(model, prompt_ids[i], comp, params.temperature)
             per_token = -adv[:, None] * logp
             if params.kl_beta > 0:

@@ -56,9 +56,11 @@ from ragteam.config import ParamsError, Strict
 from ragteam.eval.metrics import f1_score
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.records import AgentCall, Episode
-from ragteam.train.checkpoints import (TrainResult, checkpoint_steps, fingerprint, load_train_state, model_identity,
-                                      prepare_resume, save_train_state)
-from ragteam.train.common import LoraParams, lora_config
+from ragteam.train.advantages import Scope
+from ragteam.train.checkpoints import TrainingDiverged  # noqa: F401  (callers catch it from here)
+from ragteam.train.checkpoints import (TrainResult, checkpoint_steps, diverged, fingerprint, load_train_state,
+                                      model_identity, prepare_resume, save_train_state)
+from ragteam.train.common import LoraParams, lora_config, model_params
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,6 @@ class PPOParams(Strict):
     warmup_steps: int = Field(0, ge=0)               # linear warm-up: step s < warmup uses (s+1)/warmup of the lr
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
-    gae_scope: Literal["episode", "call"] = "episode"  # bootstrap across an episode's calls, or within each call
     normalize_advantages: bool = True
     clip_eps: float = Field(0.2, gt=0)                # ε (eps_low)
     clip_eps_high: float | None = Field(None, gt=0)   # None: = clip_eps (symmetric PPO)
@@ -88,7 +89,10 @@ class PPOParams(Strict):
     value_clip: float | None = Field(0.2, gt=0)       # None: unclipped value loss
     vf_coef: float = Field(0.5, ge=0)
     kl_coef: float = Field(0.0, ge=0)                 # 0: no reference model is loaded (M-ASK/JADE code: no KL)
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)            # clips the policy's and the critic's gradients, each apart
+    # shared_backbone: let the value loss reach the policy's weights (true) or train the value head only (false)
+    value_grad_to_backbone: bool = False
+    max_nonfinite_grad_steps: int = Field(3, ge=1)    # skipped (NaN/inf-gradient) optimiser steps in a row that stop
     temperature: float = Field(1.0, gt=0)             # rollout sampling (and the log-prob temperature)
     top_p: float = Field(1.0, gt=0, le=1)
     critic: Literal["shared_backbone", "separate"] = "shared_backbone"
@@ -116,7 +120,8 @@ class JointSystem:
     """What a joint system adds to the trainer: its roles, a training-mode rollout and its reward.
 
     Episodes may hold any number of calls, different from episode to episode (a JADE question answered in one round
-    has two calls, a decomposed one a dozen): every call is a sample and GAE runs over each episode's own calls.
+    has two calls, a decomposed one a dozen): every call is a sample and GAE runs over each episode's own calls,
+    within each call or across them as `gae_scope` says.
     `stats`: the system's own per-episode figures (e.g. JADE's rounds, retrievals, decomposition share), each
     averaged over a step's episodes into the step log under its name; a name also in the generic log (`turns`,
     `searches`) replaces the generic value."""
@@ -140,14 +145,19 @@ class JointSystem:
     frozen_roles: dict[str, str | None] = field(default_factory=dict)
     # PPOParams values the estimator needs (DECOR: the sequence-level ratio); a mismatch is an error naming the key
     requires: dict[str, Any] = field(default_factory=dict)
+    # GAE systems (advantage None) must say where their rewards sit: "call" when every call carries its own reward
+    # (GAE within the call: its return is its reward), "episode" when the reward sits on the terminal call and must
+    # reach the earlier calls through the critic. A property of the reward, so a system's, never a param
+    gae_scope: Scope | None = None
+
+    def __post_init__(self):
+        if self.advantage is None and self.gae_scope not in ("call", "episode"):
+            raise ValueError(f"joint system {self.name!r}: GAE with a critic needs gae_scope 'call' or 'episode', "
+                             f"not {self.gae_scope!r}")
 
     @property
     def critic(self) -> bool:
         return self.advantage is None
-
-
-class TrainingDiverged(ValueError):
-    """A non-finite loss: training stops, the last good checkpoint stays."""
 
 
 # ---- 3. samples: one per AgentCall ---------------------------------------------------------------------------
@@ -210,30 +220,35 @@ def _parts(model):
 
 
 def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype, with_critic: bool = True):
+    """The policy (+ the separate critic's backbone) and the value head, with every trainable weight in float32.
+
+    `dtype` is the compute precision (the engine's). With LoRA the frozen base stays in `dtype` and peft keeps the
+    adapters in float32 (`autocast_adapter_dtype`); with full fine-tuning in bf16/fp16 the backbone is loaded in float32
+    (the optimiser's master weights) and `forward` (and `autocast()` around the rollout) computes in `dtype`: AdamW on
+    bf16 weights rounds an update of lr 2e-7 (M-ASK's actor) to zero, so the weights would never move."""
     import torch
     from transformers import AutoModelForCausalLM
+
+    upcast = not p.lora.enabled and dtype != torch.float32     # full fine-tuning below fp32: fp32 master weights
+    load_dtype = torch.float32 if upcast else dtype
+
+    def backbone():
+        m = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+        if p.lora.enabled:
+            from peft import get_peft_model
+
+            m = get_peft_model(m, lora_config(p.lora, model_path), autocast_adapter_dtype=True)
+        return m
 
     class ActorCritic(torch.nn.Module):
         """log π(response tokens) and V at the token before each response token, in one forward pass."""
 
         def __init__(self):
             super().__init__()
-            policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-            if p.lora.enabled:
-                from peft import get_peft_model
-
-                policy = get_peft_model(policy, lora_config(p.lora, model_path))
-            self.policy = policy
-            hidden = policy.config.get_text_config().hidden_size
-            self.critic = None
-            if with_critic and p.critic == "separate":
-                critic = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-                if p.lora.enabled:
-                    from peft import get_peft_model
-
-                    critic = get_peft_model(critic, lora_config(p.lora, model_path))
-                self.critic = critic
-            self.value_head = torch.nn.Linear(hidden, 1)
+            self.policy = backbone()
+            hidden = self.policy.config.get_text_config().hidden_size
+            self.critic = backbone() if with_critic and p.critic == "separate" else None
+            self.value_head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
             if not with_critic:                 # critic-free estimators: the head is never trained nor read
@@ -245,25 +260,54 @@ def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype, with_
                         if p.lora.enabled:
                             m.enable_input_require_grads()
 
+        def autocast(self):
+            """Compute in the engine dtype over float32 master weights (a no-op unless they were upcast)."""
+            return torch.autocast(torch.device(device).type, dtype=dtype, enabled=upcast)
+
         def forward(self, input_ids, attention_mask, positions, targets, temperature: float = 1.0,
                     values: bool = True):
-            decoder, head = _parts(self.policy)
-            h = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            idx = positions[..., None].expand(-1, -1, h.shape[-1])
-            hs = h.gather(1, idx)                                                   # (B, R, H)
-            logits = head(hs).float() / temperature
-            logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
-            if not values:
-                return logp, None
-            if self.critic is not None:
-                cdec, _ = _parts(self.critic)
-                hc = cdec(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.gather(1, idx)
-            else:
-                hc = hs
+            with self.autocast():
+                decoder, head = _parts(self.policy)
+                h = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                idx = positions[..., None].expand(-1, -1, h.shape[-1])
+                hs = h.gather(1, idx)                                                   # (B, R, H)
+                logits = head(hs).float() / temperature
+                logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+                if not values:
+                    return logp, None
+                if self.critic is not None:
+                    cdec, _ = _parts(self.critic)
+                    hc = cdec(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.gather(1, idx)
+                else:
+                    # the value loss trains the head, not the policy's weights (unless value_grad_to_backbone)
+                    hc = hs if p.value_grad_to_backbone else hs.detach()
             v = self.value_head(hc.float()).squeeze(-1)
             return logp, v
 
     return ActorCritic().to(device)
+
+
+def is_critic_param(name: str) -> bool:
+    """Whether a parameter of the ActorCritic (or of its data-parallel wrapper, "module.") belongs to the critic:
+    the value head or the separate critic's backbone; everything else trainable is the policy's."""
+    return name.removeprefix("module.").startswith(("value_head.", "critic."))
+
+
+def actor_critic_params(model) -> tuple[list, list]:
+    """(policy, critic) trainable parameters: the optimiser's two groups and the two gradient norms."""
+    named = [(n, t) for n, t in model.named_parameters() if t.requires_grad]
+    return [t for n, t in named if not is_critic_param(n)], [t for n, t in named if is_critic_param(n)]
+
+
+def make_optimizer(ac, p: PPOParams):
+    """AdamW with the policy at actor_lr and the critic at critic_lr (no weight decay: verl's default for both)."""
+    import torch
+
+    actor, critic = actor_critic_params(ac)
+    groups = [{"params": actor, "lr": p.actor_lr}]
+    if critic:
+        groups.append({"params": critic, "lr": p.critic_lr})
+    return torch.optim.AdamW(groups, betas=p.adam_betas, weight_decay=0.0)
 
 
 def _collate(samples: Sequence[Sample], pad_id: int, device: str):
@@ -411,13 +455,13 @@ def single_pass(p: PPOParams, n_samples: int) -> bool:
     return p.ppo_epochs == 1 and p.minibatch_size >= n_samples and p.kl_coef == 0
 
 
-def assign_advantages(samples: Sequence[Sample], p: PPOParams) -> None:
+def assign_advantages(samples: Sequence[Sample], p: PPOParams, scope: Scope) -> None:
     """Step 5: per-token advantages and returns of every sample, from its reward and the critic's values.
 
     The samples are grouped by episode (each episode with its own number of calls), kept in call order, and GAE runs
-    over each episode's flattened call sequence (`gae_scope: episode`, JADE Alg. 2 / M-ASK Eq. 5: a terminal reward
-    reaches the first call through the critic) or within each call (`call`); then, with `normalize_advantages`, the
-    advantages are whitened over every response token of the batch."""
+    within each call (`scope="call"`) or over the episode's flattened call sequence (`"episode"`); the scope is the
+    system's (`JointSystem.gae_scope`). Then, with `normalize_advantages`, the advantages are whitened over every
+    response token of the batch."""
     from ragteam.train.advantages import episode_gae
 
     by_ep: dict[int, list[Sample]] = defaultdict(list)
@@ -426,7 +470,7 @@ def assign_advantages(samples: Sequence[Sample], p: PPOParams) -> None:
     for ss in by_ep.values():
         ss.sort(key=lambda s: s.call)
         for s, (a, r) in zip(ss, episode_gae([s.reward for s in ss], [s.values for s in ss], p.gamma, p.lam,
-                                             p.gae_scope)):
+                                             scope=scope)):
             s.advantages, s.returns = a, r
     if p.normalize_advantages:
         whiten_advantages(samples)
@@ -507,13 +551,9 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                                else (kl * mask).sum() / mask.sum().clamp(min=1))
                     loss = loss + p.kl_coef * kl_mean
                     stats["kl_ref"].append(float(kl_mean.detach()))
-                if not torch.isfinite(loss):
-                    last = checkpoint_steps(ckpt_dir) if ckpt_dir is not None else []
-                    raise TrainingDiverged(
-                        f"{name}: non-finite loss at step {step + 1} (policy {float(pl.detach())}, value "
-                        f"{float(vl.detach()) if vl is not None else 'none'}); "
-                        f"training stopped, the last good checkpoint "
-                        f"{'checkpoint-' + str(last[-1]) if last else '(none yet)'} in {ckpt_dir} is kept")
+                if not torch.isfinite(loss):     # broken data (a NaN reward), not a passing overflow: stop at once
+                    raise diverged(name, f"non-finite loss at step {step + 1} (policy {float(pl.detach())}, value "
+                                         f"{float(vl.detach()) if vl is not None else 'none'})", ckpt_dir)
                 if by_group:       # already normalised over the minibatch (the token weights)
                     weight = 1.0
                 elif p.loss_agg == "token_mean":
@@ -578,7 +618,7 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
         if p.normalize_advantages:
             whiten_advantages(samples)
     else:
-        assign_advantages(samples, p)   # GAE over each episode's flattened calls, then whitening
+        assign_advantages(samples, p, system.gae_scope)   # GAE within each call or over the episode, then whitening
     # 6. PPO epochs over role-mixed minibatches
     return ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
                       backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
@@ -638,19 +678,14 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         from transformers import AutoModelForCausalLM
 
         ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval().requires_grad_(False)
-    critic_ids = {id(t) for n, t in ac.named_parameters() if n.startswith(("value_head", "critic"))}
-    actor_params = [t for t in ac.parameters() if t.requires_grad and id(t) not in critic_ids]
-    critic_params = [t for t in ac.parameters() if t.requires_grad and id(t) in critic_ids]
-    groups = [{"params": actor_params, "lr": p.actor_lr}]
-    if critic_params:
-        groups.append({"params": critic_params, "lr": p.critic_lr})
-    opt = torch.optim.AdamW(groups, betas=p.adam_betas, weight_decay=0.0)
+    opt = make_optimizer(ac, p)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(p.lr_scheduler, p.steps, p.warmup_steps))
     step, history = 0, []
     if resume:
         step, history = load_train_state(resume, dict(ac.named_parameters()), opt, sched)
         log.info("resuming %s from %s (step %d)", system.name, resume, step)
     start_step = step
+    nonfinite_run = 0                       # optimiser steps skipped in a row for a NaN/inf gradient
     ac_wrapped, opt = accel.prepare(ac, opt)
     rollouts = _Rollouts(ac, tok, model_path, p, engine_cfg, dict(sampling or {}), system.roles,
                          ckpt_dir / "rollout_adapter", system.frozen_roles)
@@ -670,7 +705,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         # 1-2. rollout (this process's share of the step's questions) and rewards
         qs = _questions(rows, step, p.questions_per_step, p.seed)[accel.process_index::accel.num_processes]
         ac.eval()
-        episodes = system.annotate(system.rollout(qs, rollouts.team(step)))
+        with ac.autocast():        # live rollouts over fp32 master weights compute in the engine dtype, as the loss
+            episodes = system.annotate(system.rollout(qs, rollouts.team(step)))
         t_rollout = time.perf_counter() - t0
         # 3. samples: the calls of the trained roles of the episodes that train (all, unless the system selects)
         samples = (system.samples(tok, episodes) if system.samples is not None
@@ -712,6 +748,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         accel.wait_for_everyone()
 
     ac.eval()
+    if not p.lora.enabled:
+        ac.policy.to(dtype)                 # fp32 master weights: the agent is saved in the engine dtype, as loaded
     shutil.rmtree(ckpt_dir / "rollout_adapter", ignore_errors=True)
     return TrainResult(model=ac.policy, tokenizer=tok, log_history=history, global_step=step,
                        seconds=time.perf_counter() - t_start, resumed_from=start_step if resume else None,
@@ -720,14 +758,18 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
 
 def group_advantages(samples: Sequence[Sample]) -> None:
     """Step 5 of critic-free group systems (QAgent): (r - mean) / std within each `Sample.group` on every response
-    token (the mask decides which count in the loss); returns 0 (no critic to fit)."""
+    token (the mask decides which count in the loss); returns 0 (no critic to fit).
+
+    QAgent Eq. 3 writes A_i = (R_i − μ_R) / σ_R over the G rollouts and states neither the std convention nor an ε:
+    the population std and ε = 1e-6 (this trainer's choice since it was written; the code is not public)."""
     import torch
 
     from ragteam.train.advantages import group_normalized
 
     if any(s.group is None for s in samples):
         raise ValueError("group advantages: every sample needs a group id (Sample.group)")
-    for s, a in zip(samples, group_normalized([s.reward for s in samples], [s.group for s in samples])):
+    adv = group_normalized([s.reward for s in samples], [s.group for s in samples], std="population", eps=1e-6)
+    for s, a in zip(samples, adv):
         s.advantages = torch.full((len(s.response_ids),), float(a))
         s.returns = torch.zeros(len(s.response_ids))
 
