@@ -65,11 +65,11 @@ def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, Joint
 
 
 def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> list:
-    """The curves' layout: rewards per role, losses (the value loss and explained variance with a critic; the
-    groups trained by dynamic sampling without one), KL, clipping, lengths, format errors, turns, then the
-    system's own figures."""
-    learn = (["value_loss", "explained_variance"] if critic
-             else [("groups trained", ["groups_trained", "groups"]), "policy_loss"])
+    """The curves' layout: rewards per role, losses (the value loss, explained variance and the policy's and the
+    critic's gradient norms with a critic; the groups trained by dynamic sampling, the policy loss and its gradient
+    norm without one), KL, clipping, lengths, format errors, turns, then the system's own figures."""
+    learn = (["value_loss", "explained_variance", ("grad norm", ["grad_norm/policy", "grad_norm/critic"])] if critic
+             else [("groups trained", ["groups_trained", "groups"]), "policy_loss", "grad_norm/policy"])
     own = [s for s in stats if s not in ("turns", "searches")]
     return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), *learn,
             ("KL", ["approx_kl", "kl_ref"]), "clip_frac", "response_tokens", "format_error_rate",
@@ -105,13 +105,15 @@ def run(system_name: str, params: dict) -> dict:
     curve = [dict(h) for h in result.log_history]
     extra: dict[str, Any] = {}
     for col in ("episode_f1", "response_tokens", "format_error_rate", "explained_variance", "value_loss",
-                "clip_frac", "turns", "searches", "groups_trained", *[f"reward/{r}" for r in system.roles],
+                "clip_frac", "turns", "searches", "groups_trained", "grad_norm/policy", "grad_norm/critic",
+                *[f"reward/{r}" for r in system.roles],
                 *[k for k in system.stats if k not in ("turns", "searches")]):
         ys = [r[col] for r in curve if col in r and r[col] == r[col]]
         if ys:
             q = max(len(ys) // 4, 1)
             extra[f"{col}_first"], extra[f"{col}_last"] = round(sum(ys[:q]) / q, 4), round(sum(ys[-q:]) / q, 4)
     extra["collapsed"] = collapsed(curve, window=ppo.collapse_window, drop=ppo.collapse_drop)
+    extra["nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in curve)
     extra["questions"] = len(rows)
     return finish_agent(
         result, curve, stage=stage, agent=system_name, base_model=llm.model,
@@ -173,13 +175,14 @@ def run_qagent(params: dict) -> dict:
     for s in tp.stages:
         rs = [r for r in curve if r["stage"] == s]
         for col in ("reward", "episode_f1", "format_error_rate", "response_tokens", "zero_advantage", "turns",
-                    "searches"):
+                    "searches", "grad_norm/policy"):
             ys = [r[col] for r in rs if col in r and r[col] == r[col]]
             if ys:
                 q = max(len(ys) // 4, 1)
                 extra[f"{s}/{col}_first"] = round(sum(ys[:q]) / q, 4)
                 extra[f"{s}/{col}_last"] = round(sum(ys[-q:]) / q, 4)
         extra[f"{s}_seconds"] = round(sum(r.get("step_seconds", 0.0) for r in rs), 1)
+        extra[f"{s}/nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in rs)
     return finish_agent(
         result, curve, stage=stage, agent="qagent", base_model=llm.model,
         backend=f"ragteam joint loop, multi-turn GRPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},

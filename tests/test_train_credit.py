@@ -1,7 +1,10 @@
-"""Credit assignment of the joint trainer (issue 23 §1): M-ASK's per-call returns under every profile, and fp32
-master weights under a bf16 engine."""
+"""Credit assignment and update hygiene of the joint trainer (issue 23 §1, §4): M-ASK's per-call returns under every
+profile, the critic kept off the policy's gradient, fp32 master weights under a bf16 engine, NaN/inf gradients
+skipped and counted (joint PPO and shared-prefix GRPO), and a resume across bookkeeping-only params."""
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,7 +100,7 @@ def test_gae_scope_is_the_systems_not_a_param():
         JointSystem(name="nope", roles=("r",), rollout=None, annotate=None, describe={})
 
 
-# ---- update helpers -------------------------------------------------------------------------------------------------
+# ---- the critic does not move the policy -------------------------------------------------------------------------
 
 def _samples(tok, advantages=(1.0, -1.0), ret=8.0):
     from ragteam.train.ppo import Sample
@@ -122,6 +125,41 @@ def _old_pass(ac, samples, tok):
     for b, s in enumerate(samples):
         n = len(s.response_ids)
         s.old_logp, s.values = lp[b, :n].float(), v[b, :n].float()
+
+
+def _critic_update(tiny_llama, tok, **kw):
+    from ragteam.train.ppo import PPOParams, _build_actor_critic, actor_critic_params, make_optimizer, ppo_update
+
+    p = PPOParams(steps=1, questions_per_step=1, minibatch_size=2, micro_batch_size=2, actor_lr=1e-3, critic_lr=1e-3,
+                  max_grad_norm=0.05, lora={"enabled": True, "rank": 4, "alpha": 8}, **kw)
+    torch.manual_seed(0)
+    ac = _build_actor_critic(str(tiny_llama), p, "cpu", torch.float32)
+    with torch.no_grad():     # a value head that has learnt something: its gradient reaches what it reads
+        ac.value_head.weight.normal_(0, 1.0)
+    samples = _samples(tok)
+    _old_pass(ac, samples, tok)
+    stats = ppo_update(ac, make_optimizer(ac, p), samples, p, tok.eos_token_id, "cpu")
+    actor, critic = actor_critic_params(ac)
+    return [t.grad.clone() for t in actor], [t.grad.clone() for t in critic], stats
+
+
+def test_value_loss_leaves_the_policys_lora_gradient_alone(tiny_llama):
+    """Shared backbone: the actor's (clipped) LoRA gradient is the same with vf_coef 0 and 0.5; the critic's norm is
+    clipped and logged on its own."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    a0, c0, st0 = _critic_update(tiny_llama, tok, vf_coef=0.0)
+    a5, c5, st5 = _critic_update(tiny_llama, tok, vf_coef=0.5)
+    assert len(a0) > 2 and any(float(g.abs().max()) > 0 for g in a0)
+    for g0, g5 in zip(a0, a5):
+        assert torch.equal(g0, g5)
+    assert st0["grad_norm/policy"] == st5["grad_norm/policy"] and st0["grad_norm/policy"][0] > 0.05  # clipped
+    assert st0["grad_norm/critic"] == [0.0] and st5["grad_norm/critic"][0] > 0.05   # value loss 0.5·8²: clipped too
+    assert any(float(g.abs().max()) > 0 for g in c5) and st5["nonfinite_grad"] == [0.0]
+    # value_grad_to_backbone: the value loss reaches the shared LoRA weights again
+    ab, _, _ = _critic_update(tiny_llama, tok, vf_coef=0.5, value_grad_to_backbone=True)
+    assert any(not torch.equal(g0, gb) for g0, gb in zip(a0, ab))
 
 
 # ---- fp32 master weights under a bf16 engine ---------------------------------------------------------------------
@@ -162,3 +200,122 @@ def test_paper_profile_step_moves_the_weights_under_bf16(tiny_llama):
     la, lc = actor_critic_params(lac)
     assert la and all(t.dtype == torch.float32 for t in la + lc)
     assert all(t.dtype == torch.bfloat16 for n, t in lac.named_parameters() if not t.requires_grad)
+
+
+# ---- NaN / inf gradients: skipped, counted, and a run of them stops training -------------------------------------
+
+ROWS = [{"id": "q1", "question": "What is the capital of Xland?", "golden_answers": ["Xville"]},
+        {"id": "q2", "question": "Which country is Yville in?", "golden_answers": ["Yland"]}]
+PPO = {"steps": 4, "questions_per_step": 1, "minibatch_size": 16, "micro_batch_size": 4, "actor_lr": 1e-2,
+       "critic_lr": 1e-2, "save_steps": 1, "lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1}}
+
+
+def _mask(**overrides):
+    from ragteam.train.systems import mask_system
+
+    retr = KeywordRetriever([("Xland", "Xville is the capital of Xland."), ("Yland", "Yville is in Yland.")])
+    system = mask_system({"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8}}, retr)
+    return replace(system, **overrides)
+
+
+def _train(tmp_path, tiny_llama, system, on_step=None, **p):
+    from ragteam.llm import EngineConfig, SamplingConfig
+    from ragteam.train.ppo import PPOParams, train_joint_ppo
+
+    return train_joint_ppo(system, ROWS, str(tiny_llama), tmp_path / "ckpt", PPOParams(**{**PPO, **p}),
+                           EngineConfig(device="cpu", threads=1, batch_size=4),
+                           {"default": SamplingConfig(max_new_tokens=4)}, on_step=on_step)
+
+
+def _state(tmp_path, step):
+    return torch.load(tmp_path / "ckpt" / f"checkpoint-{step}" / "state.pt", weights_only=False)
+
+
+def test_nan_gradients_skip_the_step_and_two_in_a_row_stop_the_joint_run(tmp_path, tiny_llama, monkeypatch):
+    import ragteam.train.ppo as ppo
+
+    poison = {"on": False}
+    build = ppo._build_actor_critic
+
+    def build_with_hook(*a, **kw):     # a NaN in the policy's gradient from step 2 on, the loss itself finite
+        ac = build(*a, **kw)
+        for n, t in ac.named_parameters():
+            if t.requires_grad and "lora_B" in n:
+                t.register_hook(lambda g: g * float("nan") if poison["on"] else g)
+        return ac
+
+    monkeypatch.setattr(ppo, "_build_actor_critic", build_with_hook)
+    base = _mask()
+    calls = {"n": 0}
+
+    def annotate(eps):
+        calls["n"] += 1
+        poison["on"] = calls["n"] >= 2
+        return base.annotate(eps)
+
+    with pytest.raises(ppo.TrainingDiverged,
+                       match=r"non-finite gradients in 2 optimiser steps in a row \(up to step 3.*checkpoint-2"):
+        _train(tmp_path, tiny_llama, replace(base, annotate=annotate), max_nonfinite_grad_steps=2)
+    assert not (tmp_path / "ckpt" / "checkpoint-3").exists()
+    s1, s2 = _state(tmp_path, 1), _state(tmp_path, 2)
+    for k, t in s1["trainable"].items():            # the skipped step 2 wrote nothing into the weights
+        assert torch.equal(t, s2["trainable"][k]) and bool(torch.isfinite(t).all())
+    assert [st["step"] for st in s2["optimizer"]["state"].values()][0] == 1   # AdamW stepped once (step 1)
+    hist = json.loads((tmp_path / "ckpt" / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    assert [h["nonfinite_grad_steps"] for h in hist] == [0.0, 1.0]
+    assert all(h["grad_norm/policy"] == h["grad_norm/policy"] for h in hist[:1])
+
+
+def test_nan_gradients_in_shared_prefix_grpo_skip_the_step_and_stop_the_run(tiny_llama, tmp_path, monkeypatch):
+    import math
+
+    import ragteam.train.grpo_prefix as G
+    from ragteam.train.checkpoints import TrainingDiverged
+    from ragteam.train.common import GRPOParams
+
+    conventions = []
+    real = G.group_normalized
+
+    def spy(rewards, groups, *, std, eps):
+        conventions.append((std, eps))
+        return real(rewards, groups, std=std, eps=eps)
+
+    monkeypatch.setattr(G, "group_normalized", spy)
+
+    def reward(completions, trainer_state, **_):    # distinct rewards at step 1, NaN from step 2 on
+        if trainer_state.global_step >= 1:
+            return [float("nan")] * len(completions)
+        return [float(i) for i in range(len(completions))]
+
+    samples = [{"id": "q", "golden_answers": ["Paris"],
+                "prompt": [{"role": "user", "content": "Capital of France?"}]}]
+    params = GRPOParams(steps=4, prompts_per_step=1, num_generations=4, micro_batch_size=4, lr=1e-2,
+                        max_completion_length=3, save_steps=1, trainer="shared_prefix", max_nonfinite_grad_steps=2)
+    with pytest.raises(TrainingDiverged, match=r"non-finite gradients in 2 optimiser steps in a row.*checkpoint-2"):
+        G.train_grpo_shared_prefix(samples, str(tiny_llama), str(tmp_path / "ck"), params, reward)
+    assert set(conventions) == {("sample", 1e-4)}        # TRL's scale_rewards="group"
+    s1, s2 = (torch.load(tmp_path / "ck" / f"checkpoint-{i}" / "state.pt", weights_only=False) for i in (1, 2))
+    assert not (tmp_path / "ck" / "checkpoint-3").exists()
+    for k, t in s1["trainable"].items():
+        assert torch.equal(t, s2["trainable"][k]) and bool(torch.isfinite(t).all())
+    hist = json.loads((tmp_path / "ck" / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    assert [h["nonfinite_grad_steps"] for h in hist] == [0.0, 1.0]
+    assert math.isfinite(hist[0]["grad_norm"]) and not math.isfinite(hist[1]["grad_norm"])
+
+
+# ---- resume across bookkeeping-only params -----------------------------------------------------------------------
+
+def test_joint_run_resumes_across_save_steps_and_micro_batch_size(tmp_path, tiny_llama):
+    def kill_at_2(step, entry):
+        if step == 2:
+            raise KeyboardInterrupt("killed at step 2")
+
+    with pytest.raises(KeyboardInterrupt):
+        _train(tmp_path, tiny_llama, _mask(), on_step=kill_at_2, steps=2)
+    assert (tmp_path / "ckpt" / "checkpoint-1").is_dir() and not (tmp_path / "ckpt" / "checkpoint-2").exists()
+    # gradient accumulation, checkpoint cadence and the collapse flag's window do not change the maths: resume
+    res = _train(tmp_path, tiny_llama, _mask(), steps=2, save_steps=5, micro_batch_size=2, collapse_window=1)
+    assert res.resumed_from == 1 and res.global_step == 2 and len(res.log_history) == 2
+    # what does change it starts over
+    res = _train(tmp_path, tiny_llama, _mask(), steps=2, actor_lr=2e-2)
+    assert res.resumed_from is None and res.global_step == 2

@@ -135,7 +135,8 @@ def test_one_jade_ppo_step_from_rollouts_to_a_checkpoint(tiny_llama, tmp_path):
     assert e["reward/jade_planner"] == -1.0 and e["calls_per_episode"] == 2.0
     assert e["turns"] == 1.0 and e["searches"] == 1.0 and e["decompose_share"] == 0.0 and e["ds_calls"] == 0.0
     assert e["format_error_rate"] == 1.0 and "reward/jade_ag" in e and "r_global" in e
-    for key in ("policy_loss", "value_loss", "grad_norm", "explained_variance", "clip_frac"):
+    for key in ("policy_loss", "value_loss", "grad_norm/policy", "grad_norm/critic", "explained_variance",
+                "clip_frac"):
         assert key in e, key
     # 4 samples in minibatches of 4: one optimiser step moved the LoRA B matrices (zero at init) and the value head
     lora_b = [t for n, t in res.model.named_parameters() if "lora_B" in n]

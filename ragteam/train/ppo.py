@@ -12,21 +12,29 @@ Episodes is one PPO sample, roles mixed. One training step, top to bottom:
               response ids (its text, plus EOS when the engine stopped on it); the loss mask covers the response;
  4. old pass  one no-grad pass: log π_old and the critic's values (at the token before each response token: the
               last prompt token for the first), plus log π_ref when kl_coef > 0;
- 5. advantages by the system's estimator: by default GAE over each episode's flattened call sequence, every
-              call's reward on its last response token (`ragteam.train.advantages.episode_gae`; γ = λ = 1 in the
-              official M-ASK / JADE code), whitened over the batch; or the system's own `JointSystem.advantage`
+ 5. advantages by the system's estimator: by default GAE with the critic, every call's reward on its last response
+              token, within each call or over each episode's flattened call sequence as the system says
+              (`JointSystem.gae_scope`; `ragteam.train.advantages.episode_gae`; γ = λ = 1 in the official M-ASK /
+              JADE code), whitened over the batch; or the system's own `JointSystem.advantage`
               (DECOR: Eq. 6 per role within each question's group), one scalar per call broadcast to its tokens,
               with no critic. A system may first `select` the episodes that train (DECOR's dynamic sampling); a
               step where it keeps none logs `skipped_update` and makes no optimiser step;
  6. update    `ppo_epochs` passes over role-mixed minibatches of `minibatch_size` calls: token-level clipped policy
-              loss + vf_coef · clipped value loss (+ kl_coef · k3 KL), gradient clipping (`ragteam.train.pg`);
- 7. log + checkpoint (resume through `ragteam.train.checkpoints`); a non-finite loss stops training with the last
-              good checkpoint kept.
+              loss + vf_coef · clipped value loss (+ kl_coef · k3 KL) (`ragteam.train.pg`); the policy's and the
+              critic's gradients are clipped each to its own norm (verl clips actor and critic apart); a minibatch
+              whose gradient holds a NaN or inf makes no optimiser step (`nonfinite_grad_steps`);
+ 7. log + checkpoint (resume through `ragteam.train.checkpoints`); a non-finite loss, or `max_nonfinite_grad_steps`
+              skipped optimiser steps in a row, stop training with the last good checkpoint kept.
 
 The critic is a value head (a linear layer) on the policy's own last hidden states (`critic: shared_backbone`) or
 on a second copy of the base model with its own adapters (`separate`, verl's layout: M-ASK's critic is initialised
-from the same instruct model). With several processes (`accelerate launch`), each process rolls out its share of
-the questions and gradients are averaged by accelerate's data-parallel wrapper.
+from the same instruct model). On the shared backbone the head reads the hidden states detached, so the value loss
+trains the head only and never the policy's weights (unless `value_grad_to_backbone`): a value loss of 10+ against
+a policy loss of 0.3 would otherwise decide the shared update. Trainable weights are float32 whatever the engine
+dtype: LoRA adapters and the value head always; with full fine-tuning in bfloat16/float16 the model is loaded in
+float32 (master weights) and its forward runs under autocast, since bf16 weights round a 1e-7 step to nothing.
+With several processes (`accelerate launch`), each process rolls out its share of the questions and gradients are
+averaged by accelerate's data-parallel wrapper.
 
 A system plugs in through `JointSystem` (which workflow to roll out, which reward annotates, optionally which
 advantage estimator, which episodes train, which roles stay frozen): see `ragteam.train.systems`. The estimator is
@@ -497,7 +505,13 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
     """`ppo_epochs` passes over role-mixed minibatches of `minibatch_size` samples (accumulated over micro-batches),
     one optimiser step per minibatch: clipped policy loss + vf_coef · value loss (+ kl_coef · KL to the reference).
     The samples carry old log-probs, advantages and (with a `critic`) values and returns; without one there is no
-    value loss. Returns the per-micro-batch statistics.
+    value loss. Returns the per-micro-batch statistics, and per optimiser step the policy's and the critic's gradient
+    norms (`grad_norm/policy`, `grad_norm/critic`, before clipping) and `nonfinite_grad` (1: skipped).
+
+    Gradients: the policy's parameters and the critic's (value head, separate critic) are clipped each to
+    `max_grad_norm` on its own (verl clips actor and critic in their own workers), so a large value loss cannot scale
+    the policy's update down; a minibatch whose gradient holds a NaN or inf makes no optimiser step (the caller counts
+    such steps in a row against `max_nonfinite_grad_steps`).
 
     `first_pass` (the on-policy single pass, see `single_pass`): the (log-probs, values) of every micro-batch in
     sample order, computed with gradients when the old log-probs were taken; they are used instead of a second
@@ -515,7 +529,7 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
     model.train()
     stats: dict[str, list[float]] = defaultdict(list)
     rng = random.Random(f"{p.seed}:update:{step}")
-    trainable = [t for t in model.parameters() if t.requires_grad]
+    actor_params, critic_params = actor_critic_params(model)
     for _epoch in range(p.ppo_epochs):
         order = list(range(len(samples)))
         if first_pass is None:
@@ -571,8 +585,20 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                     stats[k].append(x)
             if by_group:
                 stats["policy_loss"].append(mb_policy)
-            stats["grad_norm"].append(float(clip(trainable, p.max_grad_norm)))
-            opt.step()
+            # each norm is taken before its clipping: finite iff each of its gradients is
+            norms = {"policy": float(clip(actor_params, p.max_grad_norm))}
+            if critic_params and critic:
+                norms["critic"] = float(clip(critic_params, p.max_grad_norm))
+            for k, g in norms.items():
+                stats[f"grad_norm/{k}"].append(g)
+            if all(math.isfinite(g) for g in norms.values()):
+                opt.step()
+                stats["nonfinite_grad"].append(0.0)
+            else:                                # a NaN/inf would be written into the weights: skip this step
+                opt.zero_grad(set_to_none=True)
+                stats["nonfinite_grad"].append(1.0)
+                log.warning("%s step %d: non-finite gradient (%s): optimiser step skipped", name, step + 1,
+                            ", ".join(f"{k} norm {g}" for k, g in norms.items()))
     return stats
 
 
@@ -654,8 +680,9 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     if not system.critic:   # critic-free estimators: never load a second backbone for a critic nobody trains
         p = p.model_copy(update={"critic": "shared_backbone"})
     ckpt_dir = Path(ckpt_dir)
-    fp = fingerprint(kind="joint_ppo", system=system.name, params=p.model_dump(), model=model_identity(model_path),
+    fp = fingerprint(kind="joint_ppo", system=system.name, params=model_params(p), model=model_identity(model_path),
                      data=[[r["id"], r["question"], r["golden_answers"]] for r in rows], tag=run_tag or {},
+                     gae_scope=system.gae_scope,
                      workflow=system.describe, sampling={k: v.model_dump() for k, v in (sampling or {}).items()})
     accel = Accelerator(cpu=engine_cfg.device == "cpu")
     if accel.is_main_process:      # stale checkpoints (another fingerprint) are wiped once, then every process resumes
@@ -728,6 +755,12 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
             selection["skipped_update"] = 0.0
             stats = _update(system, p, batch_samples, episodes, ac, ac_wrapped, opt, accel, ref_logp, pad_id,
                             device, step, ckpt_dir)
+            for skipped in stats.get("nonfinite_grad", []):
+                nonfinite_run = nonfinite_run + 1 if skipped else 0
+            if nonfinite_run >= p.max_nonfinite_grad_steps:
+                raise diverged(system.name, f"non-finite gradients in {nonfinite_run} optimiser steps in a row (up to "
+                                            f"step {step + 1}; max_nonfinite_grad_steps {p.max_nonfinite_grad_steps})",
+                               ckpt_dir)
         with warnings.catch_warnings():    # a skipped update steps the schedule without an optimiser step
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             sched.step()
@@ -811,8 +844,10 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
     elif samples and all(s.advantages is not None for s in samples):   # critic-free: zero advantage = no signal
         entry["zero_advantage"] = mean([float(abs(float(s.advantages[0])) < 1e-8) if len(s.advantages) else 1.0
                                         for s in samples])
-    for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm",
-              "ratio_mean"):
+    for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm/policy",
+              "grad_norm/critic", "ratio_mean"):
         if stats.get(k):
             entry[k] = mean(stats[k])
+    if "nonfinite_grad" in stats:             # optimiser steps skipped for a NaN/inf gradient
+        entry["nonfinite_grad_steps"] = float(sum(stats["nonfinite_grad"]))
     return entry
