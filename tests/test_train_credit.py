@@ -4,6 +4,7 @@ skipped and counted (joint PPO and shared-prefix GRPO), and a resume across book
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -263,12 +264,10 @@ def test_nan_gradients_skip_the_step_and_two_in_a_row_stop_the_joint_run(tmp_pat
     assert [st["step"] for st in s2["optimizer"]["state"].values()][0] == 1   # AdamW stepped once (step 1)
     hist = json.loads((tmp_path / "ckpt" / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
     assert [h["nonfinite_grad_steps"] for h in hist] == [0.0, 1.0]
-    assert all(h["grad_norm/policy"] == h["grad_norm/policy"] for h in hist[:1])
+    assert math.isfinite(hist[0]["grad_norm/policy"]) and not math.isfinite(hist[1]["grad_norm/policy"])
 
 
 def test_nan_gradients_in_shared_prefix_grpo_skip_the_step_and_stop_the_run(tiny_llama, tmp_path, monkeypatch):
-    import math
-
     import ragteam.train.grpo_prefix as G
     from ragteam.train.checkpoints import TrainingDiverged
     from ragteam.train.common import GRPOParams
