@@ -65,12 +65,12 @@ def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, Joint
 
 
 def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> list:
-    """The curves' layout: rewards per role, losses (the value loss and explained variance with a critic; the
-    groups trained by dynamic sampling without one), KL, clipping, lengths, format errors, turns, then the
-    system's own figures."""
-    learn = (["value_loss", "explained_variance"] if critic
+    """The curves' layout: rewards per role, losses (the value loss, explained variance and the policy's and the
+    critic's gradient norms with a critic; the groups trained by dynamic sampling, the policy loss and its gradient
+    norm without one), KL, clipping, lengths, format errors, turns, then the system's own figures."""
+    learn = (["value_loss", "explained_variance", ("grad norm", ["grad_norm/policy", "grad_norm/critic"])] if critic
              else [("groups (dynamic sampling)", ["groups_trained", "groups_kept", "groups_dropped", "groups_refilled",
-                                                  "groups"]), "policy_loss"])
+                                                  "groups"]), "policy_loss", "grad_norm/policy"])
     own = [s for s in stats if s not in ("turns", "searches")]
     return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), *learn,
             ("KL", ["approx_kl", "kl_ref"]), "clip_frac", "response_tokens", "format_error_rate",
@@ -107,13 +107,14 @@ def run(system_name: str, params: dict) -> dict:
     extra: dict[str, Any] = {}
     for col in ("episode_f1", "response_tokens", "format_error_rate", "explained_variance", "value_loss",
                 "clip_frac", "turns", "searches", "groups_trained", "groups_kept", "groups_dropped",
-                "groups_refilled", *[f"reward/{r}" for r in system.roles],
+                "groups_refilled", "grad_norm/policy", "grad_norm/critic", *[f"reward/{r}" for r in system.roles],
                 *[k for k in system.stats if k not in ("turns", "searches")]):
         ys = [r[col] for r in curve if col in r and r[col] == r[col]]
         if ys:
             q = max(len(ys) // 4, 1)
             extra[f"{col}_first"], extra[f"{col}_last"] = round(sum(ys[:q]) / q, 4), round(sum(ys[-q:]) / q, 4)
     extra["collapsed"] = collapsed(curve, window=ppo.collapse_window, drop=ppo.collapse_drop)
+    extra["nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in curve)
     extra["questions"] = len(rows)
     return finish_agent(
         result, curve, stage=stage, agent=system_name, base_model=llm.model,
@@ -124,14 +125,15 @@ def run(system_name: str, params: dict) -> dict:
         title=(f"{system_name}: joint {'PPO' if system.critic else 'group policy gradient'}, {ppo.steps} steps x "
                f"{ppo.questions_per_step} questions"),
         notes=(f"One policy for every role ({', '.join(system.roles)}); each AgentCall of a rollout is a sample "
-               + (f"(GAE scope {ppo.gae_scope}, γ {ppo.gamma}, λ {ppo.lam}, critic {ppo.critic}). " if system.critic
+               + (f"(GAE scope {system.gae_scope}, γ {ppo.gamma}, λ {ppo.lam}, critic {ppo.critic}). "
+                  if system.critic
                   else f"(advantages: {system.describe.get('advantage', 'the system estimator')}, no critic; ratio "
                        f"{ppo.ratio_level}, ε {ppo.clip_eps} / {ppo.clip_eps_high or ppo.clip_eps}). ")
                + f"`collapsed` flags "
                f"episode F1 and response length both falling below {1 - ppo.collapse_drop:.0%} of their best window."))
 
 
-QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), "zero_advantage", "policy_loss",
+QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), "zero_advantage", "policy_loss", "grad_norm/policy",
                  ("KL", ["approx_kl", "kl_ref"]), "response_tokens", ("format errors, cut at max_seq_len",
                                                                       ["format_error_rate", "truncated"]),
                  ("turns, searches", ["turns", "searches"])]
@@ -175,7 +177,7 @@ def run_qagent(params: dict) -> dict:
     for s in tp.stages:
         rs = [r for r in curve if r["stage"] == s]
         for col in ("reward", "episode_f1", "format_error_rate", "response_tokens", "zero_advantage", "turns",
-                    "searches", "truncated"):
+                    "searches", "truncated", "grad_norm/policy"):
             ys = [r[col] for r in rs if col in r and r[col] == r[col]]
             if ys:
                 q = max(len(ys) // 4, 1)
@@ -184,6 +186,7 @@ def run_qagent(params: dict) -> dict:
         # the share of the stage's trajectories cut at max_seq_len (not trained: ragteam.train.qagent)
         extra[f"{s}/truncated"] = round(sum(r.get("truncated", 0.0) for r in rs) / max(len(rs), 1), 4)
         extra[f"{s}_seconds"] = round(sum(r.get("step_seconds", 0.0) for r in rs), 1)
+        extra[f"{s}/nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in rs)
     return finish_agent(
         result, curve, stage=stage, agent="qagent", base_model=llm.model,
         backend=f"ragteam joint loop, multi-turn GRPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},

@@ -226,7 +226,7 @@ def test_one_decor_step_end_to_end_to_a_checkpoint(tmp_path, tiny_llama, monkeyp
             assert s.advantages.tolist() == pytest.approx([a] * len(s.response_ids))
     answers = [s for s in samples if s.role == "decor_answerer"]
     assert [float(s.advantages[0]) > 0 for s in answers] == [True, False, True, False]
-    assert all(math.isfinite(e[k]) for k in ("policy_loss", "clip_frac", "grad_norm", "ratio_mean"))
+    assert all(math.isfinite(e[k]) for k in ("policy_loss", "clip_frac", "grad_norm/policy", "ratio_mean"))
     assert "value_loss" not in e and "explained_variance" not in e
     assert 0 < e["clip_frac"]                       # the second minibatch is off-policy: ε 3e-4 / 4e-4 clips
     ck = tmp_path / "ckpt" / "checkpoint-1"
@@ -250,7 +250,7 @@ def test_a_step_whose_groups_are_all_dropped_is_skipped_cleanly(tmp_path, tiny_l
     for e in res.log_history:
         assert (e["skipped_update"], e["groups_trained"], e["episodes_trained"]) == (1, 0, 0)
         assert e["reward"] == -1.0 and e["format_error_rate"] == 1.0
-        assert "policy_loss" not in e and "grad_norm" not in e
+        assert "policy_loss" not in e and "grad_norm/policy" not in e
         assert all(not isinstance(v, float) or math.isfinite(v) for v in e.values())
     state = torch.load(tmp_path / "ckpt" / "checkpoint-2" / "state.pt", weights_only=False)
     assert state["optimizer"]["state"] == {}                            # AdamW never stepped

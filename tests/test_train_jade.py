@@ -87,12 +87,13 @@ def test_gae_over_the_flattened_calls_gives_the_round1_planner_the_terminal_rewa
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     p = PPOParams(steps=1, questions_per_step=2, minibatch_size=8, actor_lr=1e-3, critic_lr=1e-3, gamma=1.0,
-                  lam=1.0, gae_scope="episode", normalize_advantages=False)
+                  lam=1.0, normalize_advantages=False)
     # terminal reward only: with γ = λ = 1 and V = 0 every token of every call has advantage = return = R_global
-    _, eps = _system()
+    system, eps = _system()
+    assert system.gae_scope == "episode"          # JADE's reward sits on the terminal call: GAE over the episode
     samples = _samples(eps, tok)
     assert len(samples) == 13 and len({len(s.response_ids) for s in samples}) > 1
-    assign_advantages(samples, p)
+    assign_advantages(samples, p, system.gae_scope)
     for ei, r in ((0, R1), (1, R2)):
         adv, ret = _per_call(samples, ei)
         assert len(adv) == (10 if ei == 0 else 3)
@@ -104,14 +105,14 @@ def test_gae_over_the_flattened_calls_gives_the_round1_planner_the_terminal_rewa
     # with format penalties each call's advantage is its reward-to-go: the calls before the bad DS carry it
     _, bad = _system(_malformed)
     samples = _samples(bad, tok)
-    assign_advantages(samples, p)
+    assign_advantages(samples, p, system.gae_scope)
     adv, _ = _per_call(samples, 0)
     assert [float(a[0]) for a in adv] == pytest.approx([-2.0 + R1] * 8 + [R1, R1])
     assert all(float(a.max() - a.min()) < 1e-6 for a in adv)                   # one value across a call's tokens
     assert [float(a[0]) for a in _per_call(samples, 1)[0]] == pytest.approx([-2.0 + R2] * 3)
     # scope "call" (the official code's per-response samples) would give the planner nothing
     samples = _samples(eps, tok)
-    assign_advantages(samples, p.model_copy(update={"gae_scope": "call"}))
+    assign_advantages(samples, p, "call")
     assert float(samples[0].advantages.abs().max()) == 0.0 and float(samples[9].advantages[-1]) == pytest.approx(R1)
 
 
@@ -134,7 +135,8 @@ def test_one_jade_ppo_step_from_rollouts_to_a_checkpoint(tiny_llama, tmp_path):
     assert e["reward/jade_planner"] == -1.0 and e["calls_per_episode"] == 2.0
     assert e["turns"] == 1.0 and e["searches"] == 1.0 and e["decompose_share"] == 0.0 and e["ds_calls"] == 0.0
     assert e["format_error_rate"] == 1.0 and "reward/jade_ag" in e and "r_global" in e
-    for key in ("policy_loss", "value_loss", "grad_norm", "explained_variance", "clip_frac"):
+    for key in ("policy_loss", "value_loss", "grad_norm/policy", "grad_norm/critic", "explained_variance",
+                "clip_frac"):
         assert key in e, key
     # 4 samples in minibatches of 4: one optimiser step moved the LoRA B matrices (zero at init) and the value head
     lora_b = [t for n, t in res.model.named_parameters() if "lora_B" in n]
@@ -149,14 +151,14 @@ def test_shipped_params_train_jade_on_both_profiles():
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     ppo, jp, sp = load_joint(params, "jade")
-    assert "jade" in jp.systems and ppo.gae_scope == "episode" and ppo.gamma == ppo.lam == 1.0
+    assert "jade" in jp.systems and ppo.gamma == ppo.lam == 1.0
     assert ppo.lora.enabled and ppo.steps * ppo.questions_per_step <= 16 and sp.max_questions > 0
     paper = deep_merge(params, yaml.safe_load((REPO / "profiles" / "paper.yaml").read_text()))
     pp, _, psp = load_joint(paper, "jade")
     # JADE's official launch script (jade.md §12): actor lr 5e-7, critic 1e-5, batch 128, mini-batch 32, no KL
     assert (pp.actor_lr, pp.critic_lr, pp.questions_per_step, pp.minibatch_size, pp.kl_coef) == (
         5e-7, 1e-5, 128, 32, 0.0)
-    assert pp.critic == "separate" and not pp.lora.enabled and pp.gae_scope == "episode"
+    assert pp.critic == "separate" and not pp.lora.enabled
     assert psp.max_questions == 0
     layout = panels(jade.ROLES, True, ["turns", "searches", "ds_calls", "r_global"])
     assert layout[0] == ("reward per role", [f"reward/{r}" for r in jade.ROLES])

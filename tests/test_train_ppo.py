@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ragteam.train.advantages import episode_gae, gae, group_normalized, group_normalized_by_role
+from ragteam.train.advantages import episode_gae, gae, group_normalized
 from ragteam.train.pg import explained_variance, kl_k3, policy_loss, value_loss
 
 # ---- GAE on a 3-call episode ---------------------------------------------------------------------------------
@@ -38,7 +38,7 @@ def test_gae_within_each_call_by_hand():
     adv1 = torch.cat([a for a, _ in episode_gae(REWARDS, VALUES, 1.0, 1.0, scope="call")]).tolist()
     assert adv1 == pytest.approx([0.5, 0.3, 0.1, 1.0])
     # ... and over the episode the reward-to-go: t1 sees 0.5 + 2 later
-    adv_ep = torch.cat([a for a, _ in episode_gae(REWARDS, VALUES, 1.0, 1.0)]).tolist()
+    adv_ep = torch.cat([a for a, _ in episode_gae(REWARDS, VALUES, 1.0, 1.0, scope="episode")]).tolist()
     assert adv_ep == pytest.approx([3.5 - 0.5, 2.5 - 0.2, 2.5 - 0.4, 2.0 - 1.0])
 
 
@@ -46,16 +46,69 @@ def test_gae_rejects_bad_shapes():
     with pytest.raises(ValueError, match="same length"):
         gae(torch.zeros(3), torch.zeros(2), torch.zeros(3, dtype=torch.bool), 1.0, 1.0)
     with pytest.raises(ValueError, match="2 rewards for 1 calls"):
-        episode_gae([1.0, 2.0], [torch.zeros(1)], 1.0, 1.0)
+        episode_gae([1.0, 2.0], [torch.zeros(1)], 1.0, 1.0, scope="call")
     with pytest.raises(ValueError, match="no response tokens"):
-        episode_gae([1.0], [torch.zeros(0)], 1.0, 1.0)
+        episode_gae([1.0], [torch.zeros(0)], 1.0, 1.0, scope="call")
 
 
-def test_group_normalized():
-    assert group_normalized([1.0, 3.0, 5.0, 5.0], ["a", "a", "b", "b"]) == pytest.approx([-1, 1, 0, 0], abs=1e-5)
-    assert group_normalized([2.0], ["solo"]) == [0.0]
-    by_role = group_normalized_by_role([1.0, 3.0, 10.0, 30.0], ["q", "q", "q", "q"], ["plan", "plan", "ans", "ans"])
-    assert by_role == pytest.approx([-1, 1, -1, 1], abs=1e-5)
+def test_one_group_normalisation_with_the_std_convention_and_eps_named_by_the_caller():
+    # group a: 1, 3 (μ 2): population σ = 1, sample σ = sqrt(2 / 1) = 1.41421; group b: 5, 5 (σ = 0) -> A = 0
+    rewards, groups = [1.0, 3.0, 5.0, 5.0], ["a", "a", "b", "b"]
+    assert group_normalized(rewards, groups, std="population", eps=0.0) == pytest.approx([-1, 1, 0, 0])
+    assert group_normalized(rewards, groups, std="sample", eps=0.0) == pytest.approx(
+        [-1 / math.sqrt(2), 1 / math.sqrt(2), 0, 0])
+    assert group_normalized(rewards, groups, std="sample", eps=1e-4) == pytest.approx(
+        [-1 / (math.sqrt(2) + 1e-4), 1 / (math.sqrt(2) + 1e-4), 0, 0])
+    # 0, 1, 2: μ 1, population σ = sqrt(2/3), sample σ = 1
+    assert group_normalized([0.0, 1.0, 2.0], ["g"] * 3, std="population", eps=1e-6) == pytest.approx(
+        [-1 / (math.sqrt(2 / 3) + 1e-6), 0, 1 / (math.sqrt(2 / 3) + 1e-6)])
+    assert group_normalized([0.0, 1.0, 2.0], ["g"] * 3, std="sample", eps=0.0) == pytest.approx([-1, 0, 1])
+    # one sample, or equal rewards: no signal, exactly 0 (also with eps 0, where 0/0 would be NaN)
+    assert group_normalized([2.0], ["solo"], std="sample", eps=0.0) == [0.0]
+    assert group_normalized([0.1] * 3, ["g"] * 3, std="population", eps=0.0) == [0.0] * 3
+    # a NaN reward poisons its group only, for the trainer's non-finite checks to see
+    # (h: 1, 2: μ 1.5, sample σ = sqrt(0.5))
+    out = group_normalized([float("nan"), 1.0, 1.0, 2.0], ["g", "g", "h", "h"], std="sample", eps=1e-4)
+    assert all(math.isnan(x) for x in out[:2]) and out[2:] == pytest.approx([-0.5 / (math.sqrt(0.5) + 1e-4),
+                                                                             0.5 / (math.sqrt(0.5) + 1e-4)])
+    with pytest.raises(TypeError):           # the convention is the caller's to name: no default
+        group_normalized(rewards, groups)
+    with pytest.raises(ValueError, match="std must be"):
+        group_normalized(rewards, groups, std="unbiased", eps=0.0)
+
+
+def test_every_group_estimator_uses_the_one_normalisation_with_its_papers_convention(monkeypatch):
+    """DECOR Eq. 6 (sample std, ε 1e-4) and QAgent (population std, ε 1e-6) go through `advantages.group_normalized`
+    (the shared-prefix GRPO's TRL convention: tests/test_train_grpo_prefix.py)."""
+    import ragteam.train.advantages as A
+    from ragteam.agents.decor import POLICY_ROLES
+    from ragteam.records import AgentCall, Episode
+    from ragteam.train.decor_adv import EPS, decor_advantages
+    from ragteam.train.ppo import Sample, group_advantages
+
+    calls = []
+    real = A.group_normalized
+
+    def spy(rewards, groups, *, std, eps):
+        calls.append((std, eps))
+        return real(rewards, groups, std=std, eps=eps)
+
+    monkeypatch.setattr(A, "group_normalized", spy)
+    import ragteam.train.decor_adv as D
+    monkeypatch.setattr(D, "group_normalized", spy)
+    eps = []
+    for r in (1.0, 0.0):
+        e = Episode(question_id="q", question="q", golden_answers=["a"])
+        e.add_call(AgentCall(role=POLICY_ROLES[0], prompt=[], reward=r))
+        eps.append(e)
+    adv = decor_advantages(eps)
+    assert calls[-1] == ("sample", EPS) and adv[0][0] == pytest.approx(0.5 / (math.sqrt(0.5) + EPS))
+    samples = [Sample(0, 0, "r", [1], [2, 3], r, group="g") for r in (1.0, 0.0)]
+    group_advantages(samples)
+    # QAgent: 1, 0 -> μ 0.5, population σ 0.5
+    assert calls[-1] == ("population", 1e-6)
+    assert samples[0].advantages.tolist() == pytest.approx([0.5 / (0.5 + 1e-6)] * 2)
+    assert not hasattr(A, "group_normalized_by_role")
 
 
 # ---- the clipped losses ------------------------------------------------------------------------------------------

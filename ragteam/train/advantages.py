@@ -2,20 +2,26 @@
 
 - `gae` / `episode_gae` (M-ASK, JADE): an episode's calls are flattened into one token sequence, in call order;
   each call's reward sits on its last response token; GAE runs backwards over that sequence, bootstrapping across
-  call boundaries (`scope="episode"`, M-ASK Eq. 5 / JADE Alg. 2) or within each call only (`scope="call"`: the
-  official M-ASK / JADE code, where each call is its own verl sample).
-- `group_normalized` (GRPO, QAgent): (r - mean of the group) / (std of the group + eps), one scalar per sample.
-- `group_normalized_by_role` (DECOR Eq. 6): the same within each (group, role).
+  call boundaries (`scope="episode"`: JADE Alg. 2, whose reward sits on the terminal call alone) or within each call
+  only (`scope="call"`: M-ASK, whose Eq. 2-3 rewards are per call; its official code makes each call a verl sample).
+  Which scope a system uses is the system's (`JointSystem.gae_scope`), never a param.
+- `group_normalized` (GRPO, QAgent, DECOR Eq. 6, shared-prefix GRPO): (r - mean of the group) / (std of the group
+  + eps), one scalar per sample; the std convention and eps are the caller's, named after its paper.
+
+Only `gae` and `episode_gae` need torch (imported there): DECOR's estimator stays a pure function of numbers.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Scope = Literal["episode", "call"]
+StdConvention = Literal["population", "sample"]
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, terminal: torch.Tensor, gamma: float, lam: float
@@ -28,6 +34,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, terminal: torch.Tensor, gam
     `terminal[t]` cuts bootstrapping after step t (the value after a terminal step is 0); the last step is always
     terminal. Returns (advantages, returns), same shape as `rewards`.
     """
+    import torch
+
     n = rewards.shape[0]
     if values.shape[0] != n or terminal.shape[0] != n:
         raise ValueError(f"gae: rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and terminal "
@@ -44,14 +52,16 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, terminal: torch.Tensor, gam
     return adv, adv + values.float()
 
 
-def episode_gae(call_rewards: Sequence[float], call_values: Sequence[torch.Tensor], gamma: float, lam: float,
-                scope: Scope = "episode") -> list[tuple[torch.Tensor, torch.Tensor]]:
+def episode_gae(call_rewards: Sequence[float], call_values: Sequence[torch.Tensor], gamma: float, lam: float, *,
+                scope: Scope) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-token (advantages, returns) for each call of one episode.
 
     `call_values[i]` holds the critic's value at each response token of call i (length = its response tokens);
     call i's reward goes on its last token. Calls with no response token are not allowed (a response always ends
     with at least its EOS or one generated token).
     """
+    import torch
+
     if len(call_rewards) != len(call_values):
         raise ValueError(f"episode_gae: {len(call_rewards)} rewards for {len(call_values)} calls")
     lengths = [int(v.shape[0]) for v in call_values]
@@ -73,29 +83,32 @@ def episode_gae(call_rewards: Sequence[float], call_values: Sequence[torch.Tenso
     return out
 
 
-def group_normalized(rewards: Sequence[float], groups: Sequence[Hashable], eps: float = 1e-6,
-                     scale: bool = True) -> list[float]:
-    """(r - mean_g) / (std_g + eps) within each group g (the population std over the group; `scale=False` only
-    centres, Dr. GRPO style). A group of one sample gets advantage 0."""
+def group_normalized(rewards: Sequence[float], groups: Sequence[Hashable], *, std: StdConvention, eps: float
+                     ) -> list[float]:
+    """A_i = (r_i - μ_g) / (σ_g + eps) within each group g: the one group normalisation of the project.
+
+    `std`: "population" (σ² = Σ(r - μ)² / n) or "sample" (Bessel's n - 1, what torch.std, TRL and verl compute);
+    `eps` >= 0. Each caller names its paper's choice. A group whose rewards are all equal (σ = 0), a group of one
+    sample included, gets A = 0 for each: no signal, whatever the convention and eps (so eps = 0 is allowed). A NaN
+    reward is not equal to itself: its group's advantages are NaN, for the trainer's non-finite checks to catch.
+    Computed in float64 (Python floats).
+    """
     if len(rewards) != len(groups):
         raise ValueError(f"group_normalized: {len(rewards)} rewards for {len(groups)} group ids")
+    if std not in ("population", "sample"):
+        raise ValueError(f"group_normalized: std must be 'population' or 'sample', not {std!r}")
+    if eps < 0:
+        raise ValueError(f"group_normalized: eps must be >= 0, not {eps}")
     by: dict[Hashable, list[int]] = defaultdict(list)
     for i, g in enumerate(groups):
         by[g].append(i)
     out = [0.0] * len(rewards)
     for idx in by.values():
-        xs = torch.tensor([float(rewards[i]) for i in idx])
-        centred = xs - xs.mean()
-        if scale:
-            centred = centred / (xs.std(unbiased=False) + eps)
-        for i, a in zip(idx, centred.tolist()):
-            out[i] = a
+        xs = [float(rewards[i]) for i in idx]
+        if all(x == xs[0] for x in xs):           # σ = 0 (and n = 1): A = 0
+            continue
+        mu = sum(xs) / len(xs)
+        sigma = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - (std == "sample")))
+        for i, x in zip(idx, xs):
+            out[i] = (x - mu) / (sigma + eps)
     return out
-
-
-def group_normalized_by_role(rewards: Sequence[float], groups: Sequence[Hashable], roles: Sequence[str],
-                             eps: float = 1e-6) -> list[float]:
-    """DECOR Eq. 6: group-normalised within each (group, role) pair."""
-    if len(roles) != len(groups):
-        raise ValueError(f"group_normalized_by_role: {len(roles)} roles for {len(groups)} group ids")
-    return group_normalized(rewards, [(g, r) for g, r in zip(groups, roles)], eps)

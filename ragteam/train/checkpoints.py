@@ -34,6 +34,18 @@ class TrainResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class TrainingDiverged(ValueError):
+    """Training cannot go on (a non-finite loss, or non-finite gradients step after step): it stops, and the last good
+    checkpoint stays for a rerun to resume from."""
+
+
+def diverged(name: str, what: str, ckpt_dir: str | Path | None) -> TrainingDiverged:
+    """The error that stops a run, naming what went wrong and the checkpoint that is kept."""
+    last = checkpoint_steps(ckpt_dir) if ckpt_dir is not None else []
+    return TrainingDiverged(f"{name}: {what}; training stopped, the last good checkpoint "
+                            f"{'checkpoint-' + str(last[-1]) if last else '(none yet)'} in {ckpt_dir} is kept")
+
+
 TRAIN_INFO = "ragteam-train.json"  # written into each saved agent: the fingerprint of the run that made it
 
 

@@ -47,6 +47,9 @@ class GRPOParams(Strict):
     trainer: Literal["trl", "shared_prefix"] = "trl"
     use_vllm: bool = False                            # TRL vLLM colocate (GPU env only)
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    # shared_prefix: an optimiser step with a NaN/inf gradient is skipped (and counted, `nonfinite_grad_steps`); this
+    # many skipped in a row stop the run (TrainingDiverged). TRL's own trainer does not check
+    max_nonfinite_grad_steps: int = Field(3, ge=1)
     lora: LoraParams = LoraParams()
 
     @model_validator(mode="after")
@@ -58,10 +61,12 @@ class GRPOParams(Strict):
         return self
 
 
-# Params that decide how a run is carried out, not what it trains: memory (micro-batches, gradient checkpointing,
-# vLLM's memory share) and checkpoint bookkeeping. Changing one must resume a run, not discard its only resume state.
+# Params that decide how a run is carried out, not what it trains: memory (micro-batches, i.e. gradient accumulation,
+# gradient checkpointing, vLLM's memory share), checkpoint bookkeeping, what is reported (the joint trainer's
+# collapse flag) and when a diverging run gives up. Changing one must resume a run, not discard its resume state.
 BOOKKEEPING = frozenset({"save_steps", "save_total_limit", "micro_batch_size", "gradient_checkpointing",
-                         "vllm_gpu_memory_utilization"})
+                         "vllm_gpu_memory_utilization", "collapse_window", "collapse_drop",
+                         "max_nonfinite_grad_steps"})
 
 
 def model_params(params: BaseModel) -> dict[str, Any]:

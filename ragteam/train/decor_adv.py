@@ -18,8 +18,9 @@ Unstated in the paper and chosen here:
 - Several Planner / Filter steps per trajectory (up to T_max each): their step rewards are averaged into one
   R_total^{u,i} (Eq. 6 normalises one value per trajectory and role), and that A_i^u applies to every call of u in i.
   A trajectory that failed the format gate has reward −1 on every call, hence R_total^{u,i} = −1 for its roles.
-- σ is the sample standard deviation (n − 1), as the project's GRPO (`grpo_prefix`) and TRL compute it; a group
-  where role u acted in fewer than two trajectories, or where its returns are all equal, gets A = 0 for u.
+- σ is the sample standard deviation (n − 1), as TRL's GRPO (and `grpo_prefix`, which follows it) computes it; a
+  group where role u acted in fewer than two trajectories, or where its returns are all equal, gets A = 0 for u
+  (`ragteam.train.advantages.group_normalized`, the project's one group normalisation, with std="sample").
 - The group of a trajectory is its question (`Episode.question_id`): a batch holds the G rollouts of each question.
 - Dynamic sampling (Sec. 4.4, "filtering out zero-gradient noise", after DAPO): a group trains when what Eq. 6
   normalises varies within it, i.e. some role's R_total^{u,i} differs across the trajectories where u acted, so
@@ -30,12 +31,12 @@ Unstated in the paper and chosen here:
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 from ragteam.agents.decor import POLICY_ROLES
 from ragteam.records import Episode
+from ragteam.train.advantages import group_normalized
 
 EPS = 1e-4  # ε of Eq. 6 (not stated in the paper; the project's GRPO uses 1e-4)
 
@@ -53,25 +54,15 @@ def role_returns(ep: Episode) -> dict[str, float]:
 
 def role_group_normalize(returns: Sequence[Mapping[str, float]], groups: Sequence[str], eps: float = EPS
                          ) -> list[dict[str, float]]:
-    """Eq. 6 on plain numbers: returns[i][u] = R_total^{u,i}, groups[i] = i's group; A per trajectory and role."""
+    """Eq. 6 on plain numbers: returns[i][u] = R_total^{u,i}, groups[i] = i's group; A per trajectory and role,
+    normalised within each (group, role) pool with the sample std and `eps`."""
     if len(returns) != len(groups):
         raise ValueError(f"{len(returns)} returns but {len(groups)} group ids")
-    pools: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for r, g in zip(returns, groups):
-        for role, v in r.items():
-            pools[(g, role)].append(v)
-    stats = {}
-    for key, vs in pools.items():
-        mu = sum(vs) / len(vs)
-        sigma = math.sqrt(sum((v - mu) ** 2 for v in vs) / (len(vs) - 1)) if len(vs) > 1 else 0.0
-        stats[key] = (mu, sigma)
-    out = []
-    for r, g in zip(returns, groups):
-        adv = {}
-        for role, v in r.items():
-            mu, sigma = stats[(g, role)]
-            adv[role] = 0.0 if sigma == 0.0 else (v - mu) / (sigma + eps)
-        out.append(adv)
+    flat = [(i, role, v, (g, role)) for i, (r, g) in enumerate(zip(returns, groups)) for role, v in r.items()]
+    adv = group_normalized([v for _, _, v, _ in flat], [key for *_, key in flat], std="sample", eps=eps)
+    out: list[dict[str, float]] = [{} for _ in returns]
+    for (i, role, _, _), a in zip(flat, adv):
+        out[i][role] = a
     return out
 
 

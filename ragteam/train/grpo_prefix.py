@@ -6,13 +6,16 @@ prompt goes through the model once, its KV cache is repeated G times, and only t
 trained on: per group (L_p + G·L_c) tokens instead of G·(L_p + L_c), ~7x less at L_p = 200, L_c = 16, G = 16.
 
 Same objective as TRL's GRPOTrainer with num_iterations = 1 (on-policy, so the PPO ratio is 1 and clipping is
-inactive), scale_rewards = "group", loss_type = "dapo" (token mean over the step), KL k3 to the reference when
-kl_beta > 0. Same reward callables (TRL keyword protocol), same GRPOParams, checkpoints and log history.
+inactive), scale_rewards = "group" (TRL's A = (r - mean) / (std + 1e-4) with torch's sample std), loss_type = "dapo"
+(token mean over the step), KL k3 to the reference when kl_beta > 0. Same reward callables (TRL keyword protocol),
+same GRPOParams, checkpoints and log history. Unlike TRL, a step whose gradient holds a NaN or inf is skipped (no
+optimiser step, counted as `nonfinite_grad_steps`), and `max_nonfinite_grad_steps` such steps in a row stop the run.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from collections import defaultdict
@@ -20,8 +23,9 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from ragteam.train.checkpoints import (TrainResult, fingerprint, load_train_state, model_identity, prepare_resume,
-                                      save_train_state)
+from ragteam.train.advantages import group_normalized
+from ragteam.train.checkpoints import (TrainResult, diverged, fingerprint, load_train_state, model_identity,
+                                      prepare_resume, save_train_state)
 from ragteam.train.common import GRPOParams, GRPOSample, lora_config, model_params, validate_samples
 
 log = logging.getLogger(__name__)
@@ -124,6 +128,7 @@ def train_grpo_shared_prefix(
     start_step = step
     t_start = time.perf_counter()
     P, G = params.prompts_per_step, params.num_generations
+    nonfinite_run = 0                 # optimiser steps skipped in a row for a NaN/inf gradient
     while step < params.steps:
         t0 = time.perf_counter()
         # prompts of this step: a seeded permutation per epoch, so a resumed run sees the same order
@@ -155,7 +160,9 @@ def train_grpo_shared_prefix(
         opt.zero_grad(set_to_none=True)
         loss_sum, kl_sum = 0.0, 0.0
         for (i, comp, mask), r in zip(groups, rewards):
-            adv = ((r - r.mean()) / (r.std() + 1e-4)).to(device)
+            # TRL's scale_rewards="group": sample std, ε 1e-4 (a group with equal rewards gets A = 0)
+            adv = torch.tensor(group_normalized(r.tolist(), [0] * len(r), std="sample", eps=1e-4),
+                               dtype=torch.float32, device=device)
             logp = _group_logps(model, prompt_ids[i], comp, params.temperature)
             per_token = -adv[:, None] * logp
             if params.kl_beta > 0:
@@ -172,13 +179,27 @@ def train_grpo_shared_prefix(
             loss = (per_token * mask).sum() / n_tokens
             loss.backward()
             loss_sum += float(loss.detach())
+        # the norm before clipping: finite iff every gradient is (a NaN/inf one would be written into the weights)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, 1.0))
-        opt.step()
+        finite = math.isfinite(grad_norm)
+        if finite:
+            opt.step()
+            nonfinite_run = 0
+        else:
+            opt.zero_grad(set_to_none=True)
+            nonfinite_run += 1
+            log.warning("step %d: non-finite gradient (norm %s): optimiser step skipped (%d in a row)", step + 1,
+                        grad_norm, nonfinite_run)
+            if nonfinite_run >= params.max_nonfinite_grad_steps:
+                raise diverged("grpo", f"non-finite gradients in {nonfinite_run} optimiser steps in a row (up to "
+                                       f"step {step + 1}; max_nonfinite_grad_steps {params.max_nonfinite_grad_steps})",
+                               ckpt_dir)
         sched.step()
         step += 1
 
         r_all = torch.stack(rewards)
-        entry = {"loss": loss_sum, "grad_norm": grad_norm, "learning_rate": sched.get_last_lr()[0],
+        entry = {"loss": loss_sum, "grad_norm": grad_norm, "nonfinite_grad_steps": float(not finite),
+                 "learning_rate": sched.get_last_lr()[0],
                  "reward": float(r_all.mean()), "reward_std": float(r_all.std()),
                  "frac_reward_zero_std": float(sum(float(r.std()) < 1e-6 for r in rewards) / len(rewards)),
                  "completions/mean_length": n_tokens / (P * G),

@@ -12,22 +12,30 @@ Episodes is one PPO sample, roles mixed. One training step, top to bottom:
               response ids (its text, plus EOS when the engine stopped on it); the loss mask covers the response;
  4. old pass  one no-grad pass: log π_old and the critic's values (at the token before each response token: the
               last prompt token for the first), plus log π_ref when kl_coef > 0;
- 5. advantages by the system's estimator: by default GAE over each episode's flattened call sequence, every
-              call's reward on its last response token (`ragteam.train.advantages.episode_gae`; γ = λ = 1 in the
-              official M-ASK / JADE code), whitened over the batch; or the system's own `JointSystem.advantage`
+ 5. advantages by the system's estimator: by default GAE with the critic, every call's reward on its last response
+              token, within each call or over each episode's flattened call sequence as the system says
+              (`JointSystem.gae_scope`; `ragteam.train.advantages.episode_gae`; γ = λ = 1 in the official M-ASK /
+              JADE code), whitened over the batch; or the system's own `JointSystem.advantage`
               (DECOR: Eq. 6 per role within each question's group), one scalar per call broadcast to its tokens,
               with no critic. A system may first `select` the groups that train (DECOR's dynamic sampling); a
               step that keeps too few rolls out further questions, DAPO's way (`_select_with_refill`), and a
               step left with no loss token logs `skipped_update` and makes no optimiser step;
  6. update    `ppo_epochs` passes over role-mixed minibatches of `minibatch_size` calls: token-level clipped policy
-              loss + vf_coef · clipped value loss (+ kl_coef · k3 KL), gradient clipping (`ragteam.train.pg`);
- 7. log + checkpoint (resume through `ragteam.train.checkpoints`); a non-finite loss stops training with the last
-              good checkpoint kept.
+              loss + vf_coef · clipped value loss (+ kl_coef · k3 KL) (`ragteam.train.pg`); the policy's and the
+              critic's gradients are clipped each to its own norm (verl clips actor and critic apart); a minibatch
+              whose gradient holds a NaN or inf makes no optimiser step (`nonfinite_grad_steps`);
+ 7. log + checkpoint (resume through `ragteam.train.checkpoints`); a non-finite loss, or `max_nonfinite_grad_steps`
+              skipped optimiser steps in a row, stop training with the last good checkpoint kept.
 
 The critic is a value head (a linear layer) on the policy's own last hidden states (`critic: shared_backbone`) or
 on a second copy of the base model with its own adapters (`separate`, verl's layout: M-ASK's critic is initialised
-from the same instruct model). With several processes (`accelerate launch`), each process rolls out its share of
-the questions and gradients are averaged by accelerate's data-parallel wrapper.
+from the same instruct model). On the shared backbone the head reads the hidden states detached, so the value loss
+trains the head only and never the policy's weights (unless `value_grad_to_backbone`): a value loss of 10+ against
+a policy loss of 0.3 would otherwise decide the shared update. Trainable weights are float32 whatever the engine
+dtype: LoRA adapters and the value head always; with full fine-tuning in bfloat16/float16 the model is loaded in
+float32 (master weights) and its forward runs under autocast, since bf16 weights round a 1e-7 step to nothing.
+With several processes (`accelerate launch`), each process rolls out its share of the questions and gradients are
+averaged by accelerate's data-parallel wrapper.
 
 A system plugs in through `JointSystem` (which workflow to roll out, which reward annotates, optionally which
 advantage estimator, which episodes train, which roles stay frozen): see `ragteam.train.systems`. The estimator is
@@ -57,9 +65,11 @@ from ragteam.config import ParamsError, Strict
 from ragteam.eval.metrics import f1_score
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.records import AgentCall, Episode
-from ragteam.train.checkpoints import (TrainResult, checkpoint_steps, fingerprint, load_train_state, model_identity,
-                                      prepare_resume, save_train_state)
-from ragteam.train.common import LoraParams, lora_config
+from ragteam.train.advantages import Scope
+from ragteam.train.checkpoints import TrainingDiverged  # noqa: F401  (callers catch it from here)
+from ragteam.train.checkpoints import (TrainResult, checkpoint_steps, diverged, fingerprint, load_train_state,
+                                      model_identity, prepare_resume, save_train_state)
+from ragteam.train.common import LoraParams, lora_config, model_params
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +90,6 @@ class PPOParams(Strict):
     warmup_steps: int = Field(0, ge=0)               # linear warm-up: step s < warmup uses (s+1)/warmup of the lr
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
-    gae_scope: Literal["episode", "call"] = "episode"  # bootstrap across an episode's calls, or within each call
     normalize_advantages: bool = True
     clip_eps: float = Field(0.2, gt=0)                # ε (eps_low)
     clip_eps_high: float | None = Field(None, gt=0)   # None: = clip_eps (symmetric PPO)
@@ -89,7 +98,10 @@ class PPOParams(Strict):
     value_clip: float | None = Field(0.2, gt=0)       # None: unclipped value loss
     vf_coef: float = Field(0.5, ge=0)
     kl_coef: float = Field(0.0, ge=0)                 # 0: no reference model is loaded (M-ASK/JADE code: no KL)
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)            # clips the policy's and the critic's gradients, each apart
+    # shared_backbone: let the value loss reach the policy's weights (true) or train the value head only (false)
+    value_grad_to_backbone: bool = False
+    max_nonfinite_grad_steps: int = Field(3, ge=1)    # skipped (NaN/inf-gradient) optimiser steps in a row that stop
     temperature: float = Field(1.0, gt=0)             # rollout sampling (and the log-prob temperature)
     top_p: float = Field(1.0, gt=0, le=1)
     critic: Literal["shared_backbone", "separate"] = "shared_backbone"
@@ -117,7 +129,8 @@ class JointSystem:
     """What a joint system adds to the trainer: its roles, a training-mode rollout and its reward.
 
     Episodes may hold any number of calls, different from episode to episode (a JADE question answered in one round
-    has two calls, a decomposed one a dozen): every call is a sample and GAE runs over each episode's own calls.
+    has two calls, a decomposed one a dozen): every call is a sample and GAE runs over each episode's own calls,
+    within each call or across them as `gae_scope` says.
     `stats`: the system's own per-episode figures (e.g. JADE's rounds, retrievals, decomposition share), each
     averaged over a step's episodes into the step log under its name; a name also in the generic log (`turns`,
     `searches`) replaces the generic value."""
@@ -145,14 +158,19 @@ class JointSystem:
     frozen_roles: dict[str, str | None] = field(default_factory=dict)
     # PPOParams values the estimator needs (DECOR: the sequence-level ratio); a mismatch is an error naming the key
     requires: dict[str, Any] = field(default_factory=dict)
+    # GAE systems (advantage None) must say where their rewards sit: "call" when every call carries its own reward
+    # (GAE within the call: its return is its reward), "episode" when the reward sits on the terminal call and must
+    # reach the earlier calls through the critic. A property of the reward, so a system's, never a param
+    gae_scope: Scope | None = None
+
+    def __post_init__(self):
+        if self.advantage is None and self.gae_scope not in ("call", "episode"):
+            raise ValueError(f"joint system {self.name!r}: GAE with a critic needs gae_scope 'call' or 'episode', "
+                             f"not {self.gae_scope!r}")
 
     @property
     def critic(self) -> bool:
         return self.advantage is None
-
-
-class TrainingDiverged(ValueError):
-    """A non-finite loss: training stops, the last good checkpoint stays."""
 
 
 # ---- 3. samples: one per AgentCall ---------------------------------------------------------------------------
@@ -215,30 +233,35 @@ def _parts(model):
 
 
 def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype, with_critic: bool = True):
+    """The policy (+ the separate critic's backbone) and the value head, with every trainable weight in float32.
+
+    `dtype` is the compute precision (the engine's). With LoRA the frozen base stays in `dtype` and peft keeps the
+    adapters in float32 (`autocast_adapter_dtype`); with full fine-tuning in bf16/fp16 the backbone is loaded in float32
+    (the optimiser's master weights) and `forward` (and `autocast()` around the rollout) computes in `dtype`: AdamW on
+    bf16 weights rounds an update of lr 2e-7 (M-ASK's actor) to zero, so the weights would never move."""
     import torch
     from transformers import AutoModelForCausalLM
+
+    upcast = not p.lora.enabled and dtype != torch.float32     # full fine-tuning below fp32: fp32 master weights
+    load_dtype = torch.float32 if upcast else dtype
+
+    def backbone():
+        m = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+        if p.lora.enabled:
+            from peft import get_peft_model
+
+            m = get_peft_model(m, lora_config(p.lora, model_path), autocast_adapter_dtype=True)
+        return m
 
     class ActorCritic(torch.nn.Module):
         """log π(response tokens) and V at the token before each response token, in one forward pass."""
 
         def __init__(self):
             super().__init__()
-            policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-            if p.lora.enabled:
-                from peft import get_peft_model
-
-                policy = get_peft_model(policy, lora_config(p.lora, model_path))
-            self.policy = policy
-            hidden = policy.config.get_text_config().hidden_size
-            self.critic = None
-            if with_critic and p.critic == "separate":
-                critic = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-                if p.lora.enabled:
-                    from peft import get_peft_model
-
-                    critic = get_peft_model(critic, lora_config(p.lora, model_path))
-                self.critic = critic
-            self.value_head = torch.nn.Linear(hidden, 1)
+            self.policy = backbone()
+            hidden = self.policy.config.get_text_config().hidden_size
+            self.critic = backbone() if with_critic and p.critic == "separate" else None
+            self.value_head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
             if not with_critic:                 # critic-free estimators: the head is never trained nor read
@@ -250,25 +273,54 @@ def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype, with_
                         if p.lora.enabled:
                             m.enable_input_require_grads()
 
+        def autocast(self):
+            """Compute in the engine dtype over float32 master weights (a no-op unless they were upcast)."""
+            return torch.autocast(torch.device(device).type, dtype=dtype, enabled=upcast)
+
         def forward(self, input_ids, attention_mask, positions, targets, temperature: float = 1.0,
                     values: bool = True):
-            decoder, head = _parts(self.policy)
-            h = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            idx = positions[..., None].expand(-1, -1, h.shape[-1])
-            hs = h.gather(1, idx)                                                   # (B, R, H)
-            logits = head(hs).float() / temperature
-            logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
-            if not values:
-                return logp, None
-            if self.critic is not None:
-                cdec, _ = _parts(self.critic)
-                hc = cdec(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.gather(1, idx)
-            else:
-                hc = hs
+            with self.autocast():
+                decoder, head = _parts(self.policy)
+                h = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                idx = positions[..., None].expand(-1, -1, h.shape[-1])
+                hs = h.gather(1, idx)                                                   # (B, R, H)
+                logits = head(hs).float() / temperature
+                logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+                if not values:
+                    return logp, None
+                if self.critic is not None:
+                    cdec, _ = _parts(self.critic)
+                    hc = cdec(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.gather(1, idx)
+                else:
+                    # the value loss trains the head, not the policy's weights (unless value_grad_to_backbone)
+                    hc = hs if p.value_grad_to_backbone else hs.detach()
             v = self.value_head(hc.float()).squeeze(-1)
             return logp, v
 
     return ActorCritic().to(device)
+
+
+def is_critic_param(name: str) -> bool:
+    """Whether a parameter of the ActorCritic (or of its data-parallel wrapper, "module.") belongs to the critic:
+    the value head or the separate critic's backbone; everything else trainable is the policy's."""
+    return name.removeprefix("module.").startswith(("value_head.", "critic."))
+
+
+def actor_critic_params(model) -> tuple[list, list]:
+    """(policy, critic) trainable parameters: the optimiser's two groups and the two gradient norms."""
+    named = [(n, t) for n, t in model.named_parameters() if t.requires_grad]
+    return [t for n, t in named if not is_critic_param(n)], [t for n, t in named if is_critic_param(n)]
+
+
+def make_optimizer(ac, p: PPOParams):
+    """AdamW with the policy at actor_lr and the critic at critic_lr (no weight decay: verl's default for both)."""
+    import torch
+
+    actor, critic = actor_critic_params(ac)
+    groups = [{"params": actor, "lr": p.actor_lr}]
+    if critic:
+        groups.append({"params": critic, "lr": p.critic_lr})
+    return torch.optim.AdamW(groups, betas=p.adam_betas, weight_decay=0.0)
 
 
 def _collate(samples: Sequence[Sample], pad_id: int, device: str):
@@ -469,13 +521,13 @@ def single_pass(p: PPOParams, n_samples: int) -> bool:
     return p.ppo_epochs == 1 and p.minibatch_size >= n_samples and p.kl_coef == 0
 
 
-def assign_advantages(samples: Sequence[Sample], p: PPOParams) -> None:
+def assign_advantages(samples: Sequence[Sample], p: PPOParams, scope: Scope) -> None:
     """Step 5: per-token advantages and returns of every sample, from its reward and the critic's values.
 
     The samples are grouped by episode (each episode with its own number of calls), kept in call order, and GAE runs
-    over each episode's flattened call sequence (`gae_scope: episode`, JADE Alg. 2 / M-ASK Eq. 5: a terminal reward
-    reaches the first call through the critic) or within each call (`call`); then, with `normalize_advantages`, the
-    advantages are whitened over every response token of the batch."""
+    within each call (`scope="call"`) or over the episode's flattened call sequence (`"episode"`); the scope is the
+    system's (`JointSystem.gae_scope`). Then, with `normalize_advantages`, the advantages are whitened over every
+    response token of the batch."""
     from ragteam.train.advantages import episode_gae
 
     by_ep: dict[int, list[Sample]] = defaultdict(list)
@@ -484,7 +536,7 @@ def assign_advantages(samples: Sequence[Sample], p: PPOParams) -> None:
     for ss in by_ep.values():
         ss.sort(key=lambda s: s.call)
         for s, (a, r) in zip(ss, episode_gae([s.reward for s in ss], [s.values for s in ss], p.gamma, p.lam,
-                                             p.gae_scope)):
+                                             scope=scope)):
             s.advantages, s.returns = a, r
     if p.normalize_advantages:
         whiten_advantages(samples)
@@ -511,7 +563,13 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
     """`ppo_epochs` passes over role-mixed minibatches of `minibatch_size` samples (accumulated over micro-batches),
     one optimiser step per minibatch: clipped policy loss + vf_coef · value loss (+ kl_coef · KL to the reference).
     The samples carry old log-probs, advantages and (with a `critic`) values and returns; without one there is no
-    value loss. Returns the per-micro-batch statistics.
+    value loss. Returns the per-micro-batch statistics, and per optimiser step the policy's and the critic's gradient
+    norms (`grad_norm/policy`, `grad_norm/critic`, before clipping) and `nonfinite_grad` (1: skipped).
+
+    Gradients: the policy's parameters and the critic's (value head, separate critic) are clipped each to
+    `max_grad_norm` on its own (verl clips actor and critic in their own workers), so a large value loss cannot scale
+    the policy's update down; a minibatch whose gradient holds a NaN or inf makes no optimiser step (the caller counts
+    such steps in a row against `max_nonfinite_grad_steps`).
 
     `first_pass` (the on-policy single pass, see `single_pass`): the (log-probs, values) of every micro-batch in
     sample order, computed with gradients when the old log-probs were taken; they are used instead of a second
@@ -529,7 +587,7 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
     model.train()
     stats: dict[str, list[float]] = defaultdict(list)
     rng = random.Random(f"{p.seed}:update:{step}")
-    trainable = [t for t in model.parameters() if t.requires_grad]
+    actor_params, critic_params = actor_critic_params(model)
     for _epoch in range(p.ppo_epochs):
         order = list(range(len(samples)))
         if first_pass is None:
@@ -565,13 +623,9 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                                else (kl * mask).sum() / mask.sum().clamp(min=1))
                     loss = loss + p.kl_coef * kl_mean
                     stats["kl_ref"].append(float(kl_mean.detach()))
-                if not torch.isfinite(loss):
-                    last = checkpoint_steps(ckpt_dir) if ckpt_dir is not None else []
-                    raise TrainingDiverged(
-                        f"{name}: non-finite loss at step {step + 1} (policy {float(pl.detach())}, value "
-                        f"{float(vl.detach()) if vl is not None else 'none'}); "
-                        f"training stopped, the last good checkpoint "
-                        f"{'checkpoint-' + str(last[-1]) if last else '(none yet)'} in {ckpt_dir} is kept")
+                if not torch.isfinite(loss):     # broken data (a NaN reward), not a passing overflow: stop at once
+                    raise diverged(name, f"non-finite loss at step {step + 1} (policy {float(pl.detach())}, value "
+                                         f"{float(vl.detach()) if vl is not None else 'none'})", ckpt_dir)
                 if by_group:       # already normalised over the minibatch (the token weights)
                     weight = 1.0
                 elif p.loss_agg == "token_mean":
@@ -589,8 +643,20 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                     stats[k].append(x)
             if by_group:
                 stats["policy_loss"].append(mb_policy)
-            stats["grad_norm"].append(float(clip(trainable, p.max_grad_norm)))
-            opt.step()
+            # each norm is taken before its clipping: finite iff each of its gradients is
+            norms = {"policy": float(clip(actor_params, p.max_grad_norm))}
+            if critic_params and critic:
+                norms["critic"] = float(clip(critic_params, p.max_grad_norm))
+            for k, g in norms.items():
+                stats[f"grad_norm/{k}"].append(g)
+            if all(math.isfinite(g) for g in norms.values()):
+                opt.step()
+                stats["nonfinite_grad"].append(0.0)
+            else:                                # a NaN/inf would be written into the weights: skip this step
+                opt.zero_grad(set_to_none=True)
+                stats["nonfinite_grad"].append(1.0)
+                log.warning("%s step %d: non-finite gradient (%s): optimiser step skipped", name, step + 1,
+                            ", ".join(f"{k} norm {g}" for k, g in norms.items()))
     return stats
 
 
@@ -636,7 +702,7 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
         if p.normalize_advantages:
             whiten_advantages(samples)
     else:
-        assign_advantages(samples, p)   # GAE over each episode's flattened calls, then whitening
+        assign_advantages(samples, p, system.gae_scope)   # GAE within each call or over the episode, then whitening
     # 6. PPO epochs over role-mixed minibatches
     return ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
                       backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
@@ -672,8 +738,9 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     if not system.critic:   # critic-free estimators: never load a second backbone for a critic nobody trains
         p = p.model_copy(update={"critic": "shared_backbone"})
     ckpt_dir = Path(ckpt_dir)
-    fp = fingerprint(kind="joint_ppo", system=system.name, params=p.model_dump(), model=model_identity(model_path),
+    fp = fingerprint(kind="joint_ppo", system=system.name, params=model_params(p), model=model_identity(model_path),
                      data=[[r["id"], r["question"], r["golden_answers"]] for r in rows], tag=run_tag or {},
+                     gae_scope=system.gae_scope,
                      workflow=system.describe, sampling={k: v.model_dump() for k, v in (sampling or {}).items()})
     accel = Accelerator(cpu=engine_cfg.device == "cpu")
     if accel.is_main_process:      # stale checkpoints (another fingerprint) are wiped once, then every process resumes
@@ -696,19 +763,14 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         from transformers import AutoModelForCausalLM
 
         ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval().requires_grad_(False)
-    critic_ids = {id(t) for n, t in ac.named_parameters() if n.startswith(("value_head", "critic"))}
-    actor_params = [t for t in ac.parameters() if t.requires_grad and id(t) not in critic_ids]
-    critic_params = [t for t in ac.parameters() if t.requires_grad and id(t) in critic_ids]
-    groups = [{"params": actor_params, "lr": p.actor_lr}]
-    if critic_params:
-        groups.append({"params": critic_params, "lr": p.critic_lr})
-    opt = torch.optim.AdamW(groups, betas=p.adam_betas, weight_decay=0.0)
+    opt = make_optimizer(ac, p)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(p.lr_scheduler, p.steps, p.warmup_steps))
     step, history = 0, []
     if resume:
         step, history = load_train_state(resume, dict(ac.named_parameters()), opt, sched)
         log.info("resuming %s from %s (step %d)", system.name, resume, step)
     start_step = step
+    nonfinite_run = 0                       # optimiser steps skipped in a row for a NaN/inf gradient
     ac_wrapped, opt = accel.prepare(ac, opt)
     rollouts = _Rollouts(ac, tok, model_path, p, engine_cfg, dict(sampling or {}), system.roles,
                          ckpt_dir / "rollout_adapter", system.frozen_roles)
@@ -729,10 +791,11 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         qs = _questions(rows, step, p.questions_per_step, p.seed)[accel.process_index::accel.num_processes]
         ac.eval()
         team = rollouts.team(step)
-        episodes = system.annotate(system.rollout(qs, team))
-        # 3. the episodes that train (all, unless the system selects: then refills, see _select_with_refill) ...
-        episodes, chosen, selection = _select_with_refill(system, rows, qs, episodes, team, step, p.seed,
-                                                          (accel.process_index, accel.num_processes))
+        with ac.autocast():        # live rollouts over fp32 master weights compute in the engine dtype, as the loss
+            episodes = system.annotate(system.rollout(qs, team))
+            # 3. the episodes that train (all, unless the system selects: then refills, see _select_with_refill) ...
+            episodes, chosen, selection = _select_with_refill(system, rows, qs, episodes, team, step, p.seed,
+                                                              (accel.process_index, accel.num_processes))
         t_rollout = time.perf_counter() - t0
         # ... and the samples: the calls of the trained roles (or the system's own samples) of every episode
         samples = (system.samples(tok, episodes) if system.samples is not None
@@ -752,6 +815,12 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
             selection["skipped_update"] = 0.0
             stats = _update(system, p, batch_samples, episodes, ac, ac_wrapped, opt, accel, ref_logp, pad_id,
                             device, step, ckpt_dir)
+            for skipped in stats.get("nonfinite_grad", []):
+                nonfinite_run = nonfinite_run + 1 if skipped else 0
+            if nonfinite_run >= p.max_nonfinite_grad_steps:
+                raise diverged(system.name, f"non-finite gradients in {nonfinite_run} optimiser steps in a row (up to "
+                                            f"step {step + 1}; max_nonfinite_grad_steps {p.max_nonfinite_grad_steps})",
+                               ckpt_dir)
         with warnings.catch_warnings():    # a skipped update steps the schedule without an optimiser step
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             sched.step()
@@ -772,6 +841,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         accel.wait_for_everyone()
 
     ac.eval()
+    if not p.lora.enabled:
+        ac.policy.to(dtype)                 # fp32 master weights: the agent is saved in the engine dtype, as loaded
     shutil.rmtree(ckpt_dir / "rollout_adapter", ignore_errors=True)
     return TrainResult(model=ac.policy, tokenizer=tok, log_history=history, global_step=step,
                        seconds=time.perf_counter() - t_start, resumed_from=start_step if resume else None,
@@ -780,14 +851,18 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
 
 def group_advantages(samples: Sequence[Sample]) -> None:
     """Step 5 of critic-free group systems (QAgent): (r - mean) / std within each `Sample.group` on every response
-    token (the mask decides which count in the loss); returns 0 (no critic to fit)."""
+    token (the mask decides which count in the loss); returns 0 (no critic to fit).
+
+    QAgent Eq. 3 writes A_i = (R_i − μ_R) / σ_R over the G rollouts and states neither the std convention nor an ε:
+    the population std and ε = 1e-6 (this trainer's choice since it was written; the code is not public)."""
     import torch
 
     from ragteam.train.advantages import group_normalized
 
     if any(s.group is None for s in samples):
         raise ValueError("group advantages: every sample needs a group id (Sample.group)")
-    for s, a in zip(samples, group_normalized([s.reward for s in samples], [s.group for s in samples])):
+    adv = group_normalized([s.reward for s in samples], [s.group for s in samples], std="population", eps=1e-6)
+    for s, a in zip(samples, adv):
         s.advantages = torch.full((len(s.response_ids),), float(a))
         s.returns = torch.zeros(len(s.response_ids))
 
@@ -829,8 +904,10 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
     elif samples and all(s.advantages is not None for s in samples):   # critic-free: zero advantage = no signal
         entry["zero_advantage"] = mean([float(abs(float(s.advantages[0])) < 1e-8) if len(s.advantages) else 1.0
                                         for s in samples])
-    for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm",
-              "ratio_mean"):
+    for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm/policy",
+              "grad_norm/critic", "ratio_mean"):
         if stats.get(k):
             entry[k] = mean(stats[k])
+    if "nonfinite_grad" in stats:             # optimiser steps skipped for a NaN/inf gradient
+        entry["nonfinite_grad_steps"] = float(sum(stats["nonfinite_grad"]))
     return entry

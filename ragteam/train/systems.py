@@ -1,7 +1,18 @@
 """The systems the joint trainer knows: each names its workflow's params section, builds its training-mode
-rollout and its reward, optionally its own per-episode training figures, and (critic-free systems) its advantage
-estimator. A new system adds one factory here, one `joint.systems` entry and its `joint.<system>` section
-(stages.train_joint.JointParams).
+rollout and its reward, optionally its own per-episode training figures, and its advantage estimator: GAE with a
+critic and the GAE scope its reward needs, or (critic-free systems) its own. A new system adds one factory here,
+one `joint.systems` entry and its `joint.<system>` section (stages.train_joint.JointParams).
+
+Credit rule (DESIGN): a call's return must rise with the quality of its own output. Where the rewards sit decides
+the GAE scope, so it is the system's, not a param:
+- M-ASK `call`: every call carries its own reward (Eq. 2-3). Summed over the episode (γ = λ = 1) the Answer call
+  of turn t would return F1(a_t) + 3·(F1(a_{t+1}) − F1(a_t)) + F1(a_{t+1}) + … = 4·F1(a_{t+1}) − 2·F1(a_t) + …, so a
+  better own answer would lower its own return (and Planning would gain from a wrong a_0): ΔF1 telescopes. The
+  official code makes every call its own verl sample with the reward on its last token, i.e. GAE within the call
+  (notes m-ask.md §11).
+- JADE `episode`: R_global (Eq. 6) sits on the terminal call alone; only GAE over the flattened calls (Alg. 2) carries
+  it back, through the critic, to the planner and executors that produced it.
+- DECOR and QAgent have no critic: their group estimators (Eq. 6; QAgent Eq. 3) give every call its advantage.
 """
 from __future__ import annotations
 
@@ -17,7 +28,7 @@ from ragteam.train.ppo import JointSystem
 
 def mask_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     """M-ASK: the five roles of `ragteam.agents.mask`, the Answer agent after every turn, turn-level rewards
-    (Eq. 2-3) minus `mask.format_penalty` per malformed call."""
+    (Eq. 2-3) minus `mask.format_penalty` per malformed call; GAE within each call (per-call rewards: see above)."""
     from ragteam.agents import mask as M
     from ragteam.agents.mask_workflow import MaskConfig, run_mask
     from ragteam.rewards.mask import annotate_mask
@@ -27,6 +38,7 @@ def mask_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
         name="mask", roles=M.ROLES,
         rollout=lambda rows, team: run_mask(rows, team, retriever, cfg, system="mask", training=True),
         annotate=lambda eps: annotate_mask(eps, cfg.format_penalty),
+        gae_scope="call",         # Eq. 2-3 reward each call itself; the official code's per-call GAE
         describe={"workflow": "ragteam.agents.mask_workflow.run_mask(training=True)", "mask": cfg.model_dump(),
                   "reward": "M-ASK Eq. 2-3 (ragteam.rewards.mask.annotate_mask_episode)"},
     )
@@ -53,8 +65,8 @@ def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     """JADE (§3.4, Algorithm 2): the planner and the six LLM executors of `ragteam.agents.jade`, rolled out with
     Algorithm 1 (`run_jade`: JADE's training rollout is its inference procedure), rewarded by Eq. 6-8
     (`ragteam.rewards.jade.assign_rewards`: R_global on the terminal call, −`jade.reward.format_penalty` on every
-    malformed call). With `gae_scope: episode` the trainer's GAE runs over each episode's flattened call sequence,
-    so the round-1 planner is credited with the terminal reward through the critic."""
+    malformed call). GAE runs over each episode's flattened call sequence (`gae_scope="episode"`), so the round-1
+    planner is credited with the terminal reward through the critic."""
     from ragteam.agents import jade as J
     from ragteam.agents.jade_workflow import JadeConfig, run_jade
     from ragteam.rewards.jade import assign_rewards
@@ -70,6 +82,7 @@ def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
         name="jade", roles=J.ROLES,
         rollout=lambda rows, team: run_jade(rows, team, retriever, cfg, system="jade"),
         annotate=annotate, stats=JADE_STATS,
+        gae_scope="episode",      # R_global on the terminal call only: Alg. 2's GAE over the flattened calls
         describe={"workflow": "ragteam.agents.jade_workflow.run_jade", "jade": cfg.model_dump(),
                   "reward": "JADE Eq. 6-8 (ragteam.rewards.jade.assign_rewards)"},
     )
@@ -136,7 +149,8 @@ def qagent_system(params: dict[str, Any], retriever: Retriever, stage: str = "st
 REWARD_TEXT = {
     "mask": ("M-ASK turn-level rewards (§3.3): Planning F1(a_0, y) (Eq. 2); Answer F1(a_t, y) (Eq. 2); Search, "
              "Summary and Update of turn t F1(a_t, y) - F1(a_{t-1}, y) (Eq. 3); a Search that outputs <end> 0; "
-             "minus mask.format_penalty for a malformed call (official code)."),
+             "minus mask.format_penalty for a malformed call (official code). Every call is a PPO sample with GAE "
+             "within the call (the official code's per-call samples): its return is its own reward."),
     "jade": ("JADE (§3.3, Eq. 6-8): R_global = F1(ŷ, y) - α·min(T, M)/M - β·min(N_ret, M)/M on the episode's "
              "terminal call only (AS, or AG when the root was answered directly), with T the rounds, N_ret the "
              "retrievals, α, β, M = jade.reward.alpha, beta, cost_max; minus jade.reward.format_penalty on every "
