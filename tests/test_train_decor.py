@@ -321,8 +321,11 @@ def _fake_system(signal: dict[str, bool], max_rounds: int, log: list):
                 out.append(e)
         return out
 
+    from ragteam.train.decor_adv import decor_advantages
+
     return JointSystem(name="fake", roles=("decor_answerer",), rollout=rollout, annotate=lambda eps: eps,
-                       describe={}, select=dynamic_sampling, max_rollout_rounds=max_rounds)
+                       describe={}, advantage=decor_advantages, select=dynamic_sampling,
+                       max_rollout_rounds=max_rounds)
 
 
 def test_refill_rolls_out_further_questions_until_the_step_is_full_or_the_cap():
