@@ -101,6 +101,42 @@ def measure(team, prompts: list, reward, samples: int, temperature: float, max_n
     }
 
 
+def continuation_probe(model_path: str, prompts: list, greedy: list[str], max_new: int, ks=(1, 2, 3)) -> dict:
+    """For the greedy stubs: continue each once inside its assistant turn (`continue_final_message`), EOS forbidden
+    for the first k new tokens (`min_new_tokens`), within the role's remaining budget; the share that then parses
+    to an answer, and the F1 of those answers (percent)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragteam.agents.maps import parse_answer
+    from ragteam.eval.metrics import f1_score
+
+    stubs = [(m, g, t) for (m, g), t in zip(prompts, greedy) if is_stub(t)]
+    if not stubs:
+        return {}
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    out = {"stubs": len(stubs)}
+    for k in ks:
+        got, f1s, texts = 0, [], []
+        for msgs, golds, text in stubs:
+            ids = tok.apply_chat_template([*msgs, {"role": "assistant", "content": text}], continue_final_message=True,
+                                          return_tensors="pt", return_dict=True)["input_ids"]
+            used = len(tok(text, add_special_tokens=False).input_ids)
+            with torch.inference_mode():
+                gen = model.generate(ids, max_new_tokens=max(k, max_new - used), min_new_tokens=k, do_sample=False,
+                                     pad_token_id=tok.pad_token_id)
+            full = text + tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+            y = parse_answer(full)
+            texts.append(full)
+            if isinstance(y, str):
+                got += 1
+                f1s.append(f1_score(y, golds))
+        out[f"min{k}"] = {"answered": round(100 * got / len(stubs), 2),
+                          "f1_of_answered": round(100 * sum(f1s) / max(len(f1s), 1), 2), "examples": texts[:4]}
+    return out
+
+
 def table(result: dict) -> str:
     cols = [("greedy_no_answer", "greedy: no answer %"), ("greedy_stub", "greedy: stub %"),
             ("sampled_no_answer", "sampled: no answer %"), ("sampled_stub", "sampled: stub %"),
@@ -123,12 +159,14 @@ def main() -> None:
     ap.add_argument("--episodes", type=Path, nargs="*", default=[], help="evaluation episodes of a MAPS system")
     ap.add_argument("--samples", type=int, default=None, help="per prompt (default: train_answer's num_generations)")
     ap.add_argument("--limit", type=int, default=0, help="first n prompts of each set (0 = all)")
+    ap.add_argument("--probe-continuation", action="store_true",
+                    help="continue each greedy stub once with EOS forbidden for 1-3 tokens (continuation_probe)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
 
     import yaml
 
-    from ragteam.llm import EngineConfig, EnginePool, LLMConfig
+    from ragteam.llm import EngineConfig, EnginePool, LLMConfig, SamplingConfig
     from ragteam.config import parse_section
     from stages.common import TrainAnswerParams
 
@@ -151,8 +189,13 @@ def main() -> None:
         result["models"][name] = {}
         for set_name, prompts in sets.items():
             print(f"{name}: {set_name} ({len(prompts)} prompts) ...", flush=True)
-            result["models"][name][set_name] = measure(team, prompts, rewards[set_name], samples, g.temperature,
-                                                       g.max_completion_length, g.seed)
+            m = measure(team, prompts, rewards[set_name], samples, g.temperature, g.max_completion_length, g.seed)
+            if a.probe_continuation:
+                greedy = [c[0].text for c in team.generate("answer_agent", [p for p, _ in prompts], SamplingConfig(
+                    max_new_tokens=llm.sampling["answer_agent"].max_new_tokens, temperature=0.0))]
+                m["continuation"] = continuation_probe(path, prompts, greedy,
+                                                       llm.sampling["answer_agent"].max_new_tokens)
+            result["models"][name][set_name] = m
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "silence.json").write_text(json.dumps(result, indent=1))
     (a.out / "silence.md").write_text(table(result))
