@@ -273,7 +273,7 @@ def test_vllm_backend_without_vllm_installed_says_what_to_do(monkeypatch):
         load_engine("m", EngineConfig(backend="vllm"))
 
 
-# ---- seeds and token ids (issue 23 §4) -------------------------------------------------------------------------------
+# ---- seeds and token ids (issue 23 §4) ------------------------------------------------------------------------
 
 def test_a_seeded_team_gives_every_sampled_call_its_own_seed():
     """A seeded Team (the trainer's rollouts) derives the k-th call's seed from (seed, k); greedy calls get none; a

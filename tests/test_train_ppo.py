@@ -315,5 +315,5 @@ def test_a_call_is_scored_on_its_sampled_ids_not_a_retokenisation_of_its_text(sm
     [written] = list(reproducible([ep]))
     assert not {"prompt_ids", "response_ids", "logprobs"} & set(written["calls"][0])
     back = Episode.model_validate(written).calls[0]
-    assert back.response_ids is None and tokenize_call(tok, back) == (list(prompt_ids), tok(text, add_special_tokens=False).input_ids
-                                                                       + [tok.eos_token_id])
+    retokenised = tok(text, add_special_tokens=False).input_ids + [tok.eos_token_id]
+    assert back.response_ids is None and tokenize_call(tok, back) == (list(prompt_ids), retokenised)

@@ -17,6 +17,14 @@ from ragteam.retrieval.base import Hit, Retriever
 
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "retrieval_calls", "seconds")
 
+# Each system module lists LONGEST_OUTPUTS: per role, the longest valid outputs its workflow can need under the
+# default params, each parsed by the role's own parser; tests/test_budgets.py fails naming any role whose
+# llm.sampling max_new_tokens cannot hold them plus an EOS (issue 23 §2: a truncated output is a format error no
+# training can fix). Their content follows the default data's longest question template (synthetic
+# employer_country: film -> director -> employer -> country) and every answer slot holds LONG_ANSWER.
+LONG_ANSWER = "Sir Thomas Lawley, 1st Baronet"  # a golden answer at the 95th length percentile of the shared
+                                                # benchmarks (10 SmolLM2 tokens; the synthetic answers have <= 6)
+
 
 @dataclass(frozen=True)
 class FormatError:
