@@ -273,8 +273,8 @@ def test_trajectory_tokens_are_the_sampled_ids_of_each_turn_and_the_injected_tex
     kind: sampled 1, injected 0; an EOS the policy sampled (turn end) is its own and stays."""
     enc = lambda t: tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
     eng = _SampledIds(_scripted(), tokenizer)
-    eps = {e.question_id: e for e in run_qagent(ROWS, Team(eng, {"qagent": SamplingConfig(max_new_tokens=64)}),
-                                                KeywordRetriever(PASSAGES), QAgentConfig(max_turns=3))}
+    team = Team(eng, {"qagent": SamplingConfig(max_new_tokens=64)}, keep_token_ids=True)   # as in training
+    eps = {e.question_id: e for e in run_qagent(ROWS, team, KeywordRetriever(PASSAGES), QAgentConfig(max_turns=3))}
     a = eps["A"]
     t = trajectory_tokens(a, tokenizer)
     c1, c2 = a.calls[0], a.calls[1]

@@ -268,6 +268,12 @@ def test_rollout_calls_of_one_step_draw_fresh_samples_and_a_rebuilt_step_reprodu
     assert first[0] != first[1] and first[0] != first[2] and first[1] != first[2]   # each call its own stream
     assert step(0) == first                                                         # the step reproduced
     assert step(1) != first
+    # the rollouts' calls carry the sampled ids the loss will score (token in, token out)
+    from ragteam.agents.core import llm_step, new_episode
+
+    ep = new_episode({"id": "q", "question": "Name a city.", "golden_answers": ["x"]}, "mask")
+    [call] = llm_step(rollouts.team(0), "mask_search", [ep], prompts[:1], lambda t: t)
+    assert call.response_ids and tok.decode(call.response_ids, skip_special_tokens=True) == call.response
 
 
 def _merged_split(tok):
@@ -304,7 +310,9 @@ def test_a_call_is_scored_on_its_sampled_ids_not_a_retokenisation_of_its_text(sm
                                 token_ids=tuple(sampled), logprobs=tuple(-0.5 for _ in sampled))] for _ in prompts]
 
     ep = new_episode({"id": "q", "question": msgs[0]["content"], "golden_answers": ["Xville"]}, "mask")
-    [call] = llm_step(Team(Engine()), "mask_search", [ep], [msgs], lambda t: t)
+    [untrained] = llm_step(Team(Engine()), "mask_search", [ep.model_copy(deep=True)], [msgs], lambda t: t)
+    assert untrained.response_ids is None                              # evaluation keeps no ids (memory)
+    [call] = llm_step(Team(Engine(), keep_token_ids=True), "mask_search", [ep], [msgs], lambda t: t)
     assert call.prompt_ids == list(prompt_ids) and call.response_ids == sampled and len(call.logprobs) == len(sampled)
     call.reward = 1.0
     [s] = episode_samples(tok, [ep], ("mask_search",))

@@ -173,13 +173,18 @@ class Team:
     order (a rerun, a resumed step) reproduces every sample. Greedy calls are unaffected. Without a seed (evaluation,
     synthesis) the sampling settings pass through unchanged: each call is seeded by the caller's `seed` or the
     engine's, which keeps those stages' outputs as they were.
+
+    `keep_token_ids` (trainers): workflows copy each Completion's token ids onto its AgentCall
+    (`ragteam.agents.core.llm_step`), for the loss to score the sampled ids. Off elsewhere: a paper-scale evaluation
+    holds a system's tens of thousands of episodes at once, and their prompt ids would take gigabytes.
     """
 
     def __init__(self, engines: Engine | Callable[[str], Engine],
-                 sampling: Mapping[str, SamplingConfig] | None = None, seed: int | None = None):
+                 sampling: Mapping[str, SamplingConfig] | None = None, seed: int | None = None,
+                 keep_token_ids: bool = False):
         self._engine_for = engines if callable(engines) and not hasattr(engines, "generate") else (lambda _r: engines)
         self.sampling = dict(sampling or {})
-        self.seed = seed
+        self.seed, self.keep_token_ids = seed, keep_token_ids
         self.calls: dict[str, int] = {}
         self.n_calls = 0  # engine calls so far, every role: k of call_seed(seed, k)
         # called after every engine call with (role, prompts, seconds): progress of long runs (stage evaluate)

@@ -383,7 +383,7 @@ class _Rollouts:
         # (`ragteam.llm.Team`), so no two calls or turns replay one random stream, and a rerun or a resumed step
         # samples exactly what the first run did
         return Team(lambda role: self.frozen.get(role, self.engine), dict(self.sampling),
-                    seed=call_seed(self.p.seed, step, _process_index()))
+                    seed=call_seed(self.p.seed, step, _process_index()), keep_token_ids=True)
 
 
 def _process_index() -> int:
