@@ -268,6 +268,13 @@ def test_rollout_calls_of_one_step_draw_fresh_samples_and_a_rebuilt_step_reprodu
     assert first[0] != first[1] and first[0] != first[2] and first[1] != first[2]   # each call its own stream
     assert step(0) == first                                                         # the step reproduced
     assert step(1) != first
+    # a whole M-ASK rollout (every role, every turn) rerun for the same step samples every call again
+    system = _tiny_system()
+
+    def rollout():
+        return [c.response for ep in system.rollout(ROWS, rollouts.team(3)) for c in ep.calls]
+
+    assert rollout() == rollout()
     # the rollouts' calls carry the sampled ids the loss will score (token in, token out)
     from ragteam.agents.core import llm_step, new_episode
 
