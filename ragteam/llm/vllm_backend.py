@@ -5,7 +5,7 @@ install it) can still import the project. The parameter mapping is unit-tested w
 """
 from __future__ import annotations
 
-from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, continues_assistant
+from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, call_seed, continues_assistant
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -63,8 +63,16 @@ class VLLMEngine:
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         """Prompts ending in an assistant message are continued inside that turn (`continue_final_message`, as
         `ragteam.llm.chat_text` renders them for the hf engine); `LLM.chat` takes that flag per call, so the two
-        kinds go in two calls and come back in the caller's order."""
-        params = self._vllm.SamplingParams(**sampling_kwargs(sampling, self.per_request_seed))
+        kinds go in two calls and come back in the caller's order.
+
+        A seeded call (per-request seeds) seeds prompt i with `call_seed(seed, i)`: one seed shared by every request
+        would give identical prompts (a GRPO group's G copies of a question) identical samples; per prompt, what
+        a row draws does not depend on the rest of the batch either."""
+        if self.per_request_seed and sampling.seed is not None:
+            params = [self._vllm.SamplingParams(**sampling_kwargs(
+                sampling.model_copy(update={"seed": call_seed(sampling.seed, i)}))) for i in range(len(prompts))]
+        else:
+            params = [self._vllm.SamplingParams(**sampling_kwargs(sampling, self.per_request_seed))] * len(prompts)
         out: list[list[Completion]] = [[] for _ in prompts]
         for cont in (False, True):
             idx = [i for i, m in enumerate(prompts) if continues_assistant(m) == cont]
@@ -74,7 +82,8 @@ class VLLMEngine:
                 dict(add_generation_prompt=True)
             if self._lora is not None:
                 kw["lora_request"] = self._lora
-            outs = self.llm.chat([prompts[i] for i in idx], sampling_params=params, use_tqdm=False, **kw)
+            outs = self.llm.chat([prompts[i] for i in idx], sampling_params=[params[i] for i in idx], use_tqdm=False,
+                                 **kw)
             for i, r in zip(idx, outs):
                 out[i] = [_completion(o, r.prompt_token_ids) for o in r.outputs]
         return out
