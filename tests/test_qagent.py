@@ -240,6 +240,56 @@ def test_mask_covers_exactly_the_injected_tokens(tokenizer):
         trajectory_tokens(bad, tokenizer)
 
 
+class _SampledIds:
+    """The scripted engine with the token ids a real engine records (token in, token out): the prompt as the chat
+    template encodes it, and each completion, stop string included, as sampled with every `</` split into `<` `/`
+    (a real SmolLM2 split whose text re-encodes as the single token `</`), plus EOS on EOS-ended turns."""
+
+    def __init__(self, inner, tokenizer):
+        self.inner, self.tok = inner, tokenizer
+
+    def sampled(self, text):
+        enc = lambda t: self.tok(t, add_special_tokens=False).input_ids  # noqa: E731
+        ids = []
+        for i, piece in enumerate(text.split("</")):
+            ids += (enc("<") + enc("/") if i else []) + enc(piece)
+        return ids
+
+    def generate(self, prompts, sampling):
+        from dataclasses import replace
+
+        out = []
+        for m, cs in zip(prompts, self.inner.generate(prompts, sampling)):
+            pid = tuple(self.tok(chat_text(self.tok, m), add_special_tokens=False).input_ids)
+            out.append([replace(c, prompt_ids=pid, token_ids=tuple(
+                self.sampled(c.text + (c.stop_reason or "")) + ([] if c.stop_reason else [self.tok.eos_token_id])))
+                for c in cs])
+        return out
+
+
+def test_trajectory_tokens_are_the_sampled_ids_of_each_turn_and_the_injected_text(tokenizer):
+    """Issue 23 §4: each generated segment enters the trajectory as the ids the engine sampled, not a re-encoding
+    of its text (which merges `<` `/` into `</`); only the injected blocks are tokenised; the mask is unchanged in
+    kind: sampled 1, injected 0; an EOS the policy sampled (turn end) is its own and stays."""
+    enc = lambda t: tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
+    eng = _SampledIds(_scripted(), tokenizer)
+    team = Team(eng, {"qagent": SamplingConfig(max_new_tokens=64)}, keep_token_ids=True)   # as in training
+    eps = {e.question_id: e for e in run_qagent(ROWS, team, KeywordRetriever(PASSAGES), QAgentConfig(max_turns=3))}
+    a = eps["A"]
+    t = trajectory_tokens(a, tokenizer)
+    c1, c2 = a.calls[0], a.calls[1]
+    seg1, seg2 = eng.sampled(c1.response), eng.sampled(c2.response)
+    assert c1.response_ids == seg1 and seg1 != enc(c1.response)       # the sampled split differs from a re-encoding
+    assert t.input_ids == c1.prompt_ids + seg1 + enc(c1.meta["injected"]) + seg2
+    assert t.loss_mask == [0] * len(c1.prompt_ids) + [1] * len(seg1) + [0] * len(enc(c1.meta["injected"])) \
+        + [1] * len(seg2)
+    # E: three EOS-ended turns, each segment with the EOS it sampled, retry text in between
+    e = eps["E"]
+    te = trajectory_tokens(e, tokenizer)
+    gen = [i for i, m in zip(te.input_ids, te.loss_mask) if m]
+    assert gen == [i for c in e.calls for i in c.response_ids] and gen.count(tokenizer.eos_token_id) == 3
+
+
 # ---- rewards ---------------------------------------------------------------------------------------------------------
 
 def test_stage1_reward_is_format_gate_times_strict_em():

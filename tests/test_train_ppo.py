@@ -290,3 +290,98 @@ def json_load(path):
     import json
 
     return json.loads(path.read_text())
+
+
+# ---- issue 23 §4: sampling seeds and token in, token out ---------------------------------------------------------
+
+def test_rollout_calls_of_one_step_draw_fresh_samples_and_a_rebuilt_step_reproduces_them(tmp_path, tiny_llama):
+    """Every engine call of a step used to run with the step's one seed, so successive calls (roles, turns) replayed
+    one random stream. The step's Team now derives a seed per call (`ragteam.llm.Team`, `call_seed`): two calls with
+    the same prompts in one step differ at temperature 1, and a Team rebuilt for the same step (a rerun, a resumed
+    step) reproduces every call's samples; another step samples otherwise."""
+    from transformers import AutoTokenizer
+
+    from ragteam.llm import EngineConfig, SamplingConfig
+    from ragteam.train.ppo import PPOParams, _build_actor_critic, _Rollouts
+
+    p = PPOParams(**{**PPO, "lora": {"enabled": False}})
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    ac = _build_actor_critic(str(tiny_llama), p, "cpu", torch.float32)
+    rollouts = _Rollouts(ac, tok, str(tiny_llama), p, EngineConfig(device="cpu", threads=1),
+                         {"default": SamplingConfig(max_new_tokens=6)}, ("mask_search", "mask_answer"),
+                         tmp_path / "adapter")
+    prompts = [[{"role": "user", "content": "Name a city."}]] * 2
+
+    def step(k):
+        team = rollouts.team(k)
+        return [[c[0].text for c in team.generate(role, prompts)]
+                for role in ("mask_search", "mask_answer", "mask_search")]
+
+    first = step(0)
+    assert first[0] != first[1] and first[0] != first[2] and first[1] != first[2]   # each call its own stream
+    assert step(0) == first                                                         # the step reproduced
+    assert step(1) != first
+    # a whole M-ASK rollout (every role, every turn) rerun for the same step samples every call again
+    system = _tiny_system()
+
+    def rollout():
+        return [c.response for ep in system.rollout(ROWS, rollouts.team(3)) for c in ep.calls]
+
+    assert rollout() == rollout()
+    # the rollouts' calls carry the sampled ids the loss will score (token in, token out)
+    from ragteam.agents.core import llm_step, new_episode
+
+    ep = new_episode({"id": "q", "question": "Name a city.", "golden_answers": ["x"]}, "mask")
+    [call] = llm_step(rollouts.team(0), "mask_search", [ep], prompts[:1], lambda t: t)
+    assert call.response_ids and tok.decode(call.response_ids, skip_special_tokens=True) == call.response
+
+
+def _merged_split(tok):
+    """A real re-tokenisation mismatch of the SmolLM2 tokenizer: `</search>` sampled as `<` `/` `search` `>`
+    decodes to text that re-encodes as `</` `search` `>`."""
+    enc = lambda t: tok(t, add_special_tokens=False).input_ids  # noqa: E731
+    sampled = enc("<search>capital of Xland<") + enc("/") + enc("search>") + [tok.eos_token_id]
+    text = tok.decode(sampled, skip_special_tokens=True)
+    assert text == "<search>capital of Xland</search>"
+    assert enc(text) + [tok.eos_token_id] != sampled                 # the text alone re-encodes differently
+    return sampled, text
+
+
+def test_a_call_is_scored_on_its_sampled_ids_not_a_retokenisation_of_its_text(smollm2_dir):
+    """Token in, token out (issue 23 §4): the engine's prompt and sampled ids travel on the AgentCall (`llm_step`)
+    and the trainer's sample, hence the loss's targets, are those ids. A call without recorded ids (hand-made, read
+    back from JSONL, which does not keep them) is re-tokenised."""
+    from transformers import AutoTokenizer
+
+    from ragteam.agents.core import llm_step, new_episode
+    from ragteam.llm import Completion, Team
+    from ragteam.records import Episode, reproducible
+    from ragteam.train.ppo import _collate, episode_samples, tokenize_call
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    sampled, text = _merged_split(tok)
+    msgs = [{"role": "user", "content": "What is the capital of Xland?"}]
+    prompt_ids = tuple(tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                           add_special_tokens=False).input_ids)
+
+    class Engine:
+        def generate(self, prompts, sampling):
+            return [[Completion(text, len(prompt_ids), len(sampled), "stop", prompt_ids=prompt_ids,
+                                token_ids=tuple(sampled), logprobs=tuple(-0.5 for _ in sampled))] for _ in prompts]
+
+    ep = new_episode({"id": "q", "question": msgs[0]["content"], "golden_answers": ["Xville"]}, "mask")
+    [untrained] = llm_step(Team(Engine()), "mask_search", [ep.model_copy(deep=True)], [msgs], lambda t: t)
+    assert untrained.response_ids is None                              # evaluation keeps no ids (memory)
+    [call] = llm_step(Team(Engine(), keep_token_ids=True), "mask_search", [ep], [msgs], lambda t: t)
+    assert call.prompt_ids == list(prompt_ids) and call.response_ids == sampled and len(call.logprobs) == len(sampled)
+    call.reward = 1.0
+    [s] = episode_samples(tok, [ep], ("mask_search",))
+    assert s.prompt_ids == list(prompt_ids) and s.response_ids == sampled
+    targets = _collate([s], tok.eos_token_id, "cpu")[3][0].tolist()
+    assert targets == sampled                                           # the loss scores the sampled tokens
+    # the written form keeps no ids; a call read back from it is re-tokenised
+    [written] = list(reproducible([ep]))
+    assert not {"prompt_ids", "response_ids", "logprobs"} & set(written["calls"][0])
+    back = Episode.model_validate(written).calls[0]
+    retokenised = tok(text, add_special_tokens=False).input_ids + [tok.eos_token_id]
+    assert back.response_ids is None and tokenize_call(tok, back) == (list(prompt_ids), retokenised)

@@ -17,6 +17,14 @@ from ragteam.retrieval.base import Hit, Retriever
 
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "retrieval_calls", "seconds")
 
+# Each system module lists LONGEST_OUTPUTS: per role, the longest valid outputs its workflow can need under the
+# default params, each parsed by the role's own parser; tests/test_budgets.py fails naming any role whose
+# llm.sampling max_new_tokens cannot hold them plus an EOS (issue 23 §2: a truncated output is a format error no
+# training can fix). Their content follows the default data's longest question template (synthetic
+# employer_country: film -> director -> employer -> country) and every answer slot holds LONG_ANSWER.
+LONG_ANSWER = "Sir Thomas Lawley, 1st Baronet"  # a golden answer at the 95th length percentile of the shared
+                                                # benchmarks (10 SmolLM2 tokens; the synthetic answers have <= 6)
+
 
 @dataclass(frozen=True)
 class FormatError:
@@ -107,7 +115,9 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
 
     `sampling` overrides the role's settings. With `keep_stop` the stop string that ended a completion is kept at
     the end of the response (the model did generate it; multi-turn agents act on it) and `meta["finish"]` records
-    how generation ended: "stop_string", "eos" or "length".
+    how generation ended: "stop_string", "eos" or "length". With `team.keep_token_ids` (trainers) the engine's
+    token ids go onto the call (token in, token out); with `keep_stop` its `response_ids` already end with the
+    stop string's tokens.
     """
     if not episodes:
         return []
@@ -118,6 +128,7 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
     outs = team.complete(role, list(prompts), sampling)
     share = (time.perf_counter() - t0) / len(episodes)
     calls = []
+    keep = team.keep_token_ids
     for ep, msgs, out, parse_one in zip(episodes, prompts, outs, parsers):
         text, call_meta = out.text, dict(meta)
         if keep_stop:
@@ -129,11 +140,16 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
         call = AgentCall(role=role, prompt=list(msgs), response=text, parsed=None if err else parsed,
                          format_error=err, prompt_tokens=out.prompt_tokens,
                          completion_tokens=out.completion_tokens, finish_reason=out.finish_reason,
-                         meta=call_meta)
+                         prompt_ids=_as_list(out.prompt_ids, keep), response_ids=_as_list(out.token_ids, keep),
+                         logprobs=_as_list(out.logprobs, keep), meta=call_meta)
         ep.add_call(call)
         ep.cost["seconds"] += share
         calls.append(call)
     return calls
+
+
+def _as_list(xs, keep: bool):
+    return None if xs is None or not keep else list(xs)
 
 
 def retrieve_step(retriever: Retriever, episodes: Sequence[Episode], queries: Sequence[str], k: int

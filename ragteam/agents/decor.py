@@ -32,7 +32,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ragteam.agents.core import FormatError, clip_words, first_line
+from ragteam.agents.core import LONG_ANSWER, FormatError, clip_words, first_line
 from ragteam.agents.maps import parse_answer as _maps_parse_answer
 from ragteam.llm import Messages
 from ragteam.retrieval.base import Hit
@@ -287,3 +287,20 @@ def fallback_answerer(text: str) -> str:
     got = salvage(text, "answer")
     ans = _maps_parse_answer(got if got is not None else _TAG.sub(" ", _without_think(text)))
     return "" if isinstance(ans, FormatError) else ans
+
+
+# ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
+# In the templates' layout (tags on their own lines), with one realistic sentence of reasoning in <think>. The
+# frozen summarizer is not listed: it has no format to complete, its budget bounds a summary by design.
+
+LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
+    PLANNER: ("<think>\nThe history is empty, so the film's director, his employer and its headquarters country are "
+              "all missing.\n</think>\n<search>\ncountry where the company employing the director of The Lost Borben "
+              "is headquartered\n</search>",),
+    # one evidence sentence of realistic length
+    FILTER: ("<think>\nDoc 1 names the director of The Lost Borben and his employer; the other documents are "
+             "unrelated.\n</think>\n<filter>\nHali Quiver, the director of The Lost Borben, works for Anzan Studios, "
+             "which is headquartered in Benel, Rucaia.\n</filter>",),
+    ANSWERER: ("<think>\nThe history says Hali Quiver directed The Lost Borben and works for Anzan Studios, "
+               f"headquartered in Benel, Rucaia.\n</think>\n<answer>\n{LONG_ANSWER}\n</answer>",),
+}

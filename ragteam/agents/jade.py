@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ragteam.agents.core import FormatError, clip_words
+from ragteam.agents.core import LONG_ANSWER, FormatError, clip_words
 from ragteam.llm import Messages
 from ragteam.retrieval.base import Hit
 
@@ -284,3 +284,20 @@ def fallback_answer(text: str) -> str:
         if line.strip():
             return " ".join(line.split()[:MAX_ANSWER_WORDS])
     return ""
+
+
+# ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
+
+LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
+    PLANNER: ("<workflow>QR, R, DS, AG</workflow>",),                  # every solving module
+    QR: ("<query>Which country is the company that employs the director of The Lost Borben headquartered "
+         "in?</query>",),
+    # MAX_SUBQUESTIONS sub-questions, one per line as both prompts ask
+    QDS: ("<q1>Who directed The Lost Borben?</q1>\n<q2>Which company employs the director of The Lost Borben?</q2>\n"
+          "<q3>In which city is that company headquartered?</q3>\n<q4>In which country is that city?</q4>",),
+    QDP: ("<q1>Who directed The Lost Borben?</q1>\n<q2>Who directed The Iron Borben?</q2>\n"
+          "<q3>In which country was Hali Quiver born?</q3>\n<q4>In which country was Sabeth Anzan born?</q4>",),
+    DS: ("<id>Document0, Document1, Document2</id>",),                  # every candidate of jade.top_k = 3, prefixed
+    AG: (f"<answer>{LONG_ANSWER}</answer>",),
+    AS: (f"<answer>{LONG_ANSWER}</answer>",),
+}

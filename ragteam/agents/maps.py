@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ragteam.agents.core import FormatError, first_line
+from ragteam.agents.core import LONG_ANSWER, FormatError, first_line
 from ragteam.llm import Messages
 
 # ---- Appendix A.1: inference prompts ---------------------------------------------------------------------------
@@ -275,3 +275,13 @@ def parse_moderator(text: str) -> str | FormatError:
     if len(set(names)) == 1:
         return names[0]
     return FormatError(f"both agents named in {text.strip()[:80]!r}")
+
+
+# ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
+# The three MAPS agents; the debate roles (synthesis and the DRAG baseline) argue in free text of no fixed length.
+
+LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "query_agent": ("Lost Borben director employer company headquarters city country",),   # MAX_KEYWORDS keywords
+    "judge_agent": (INSUFFICIENT, SUFFICIENT),
+    "answer_agent": (LONG_ANSWER,),
+}

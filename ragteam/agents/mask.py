@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ragteam.agents.core import FormatError, clip_words, first_line
+from ragteam.agents.core import LONG_ANSWER, FormatError, clip_words, first_line
 from ragteam.agents.maps import parse_answer as _plain_answer
 from ragteam.llm import Messages
 from ragteam.retrieval.base import Hit
@@ -360,3 +360,29 @@ def answer_fallback(text: str) -> str:
     body = re.sub(r"<[^>]*>", " ", m.group(1) if m else text)
     a = _plain_answer(body)
     return a if isinstance(a, str) else ""
+
+
+# ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
+
+LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
+    # a plan of MAX_PLAN_STEPS sub-questions, the most the workflow keeps
+    PLANNING: (f"""<q1>Who directed The Lost Borben?</q1>
+<a1>Hali Quiver</a1>
+<q2>Which company employs Hali Quiver?</q2>
+<a2>Anzan Studios</a2>
+<q3>In which city is Anzan Studios headquartered?</q3>
+<a3>Benel</a3>
+<q4>In which country is Benel?</q4>
+<a4>{UNKNOWN}</a4>
+<q5>Does Anzan Studios have its headquarters in another country?</q5>
+<a5>{UNKNOWN}</a5>
+<predicted_answer>{LONG_ANSWER}</predicted_answer>""",),
+    SEARCH: ("<search>country where the company that employs Hali Quiver, director of The Lost Borben, is "
+             "headquartered</search>", "<end>"),
+    SUMMARY: ("<evidence>Hali Quiver, the director of The Lost Borben, works for Anzan Studios, which is "
+              "headquartered in Benel.</evidence>", f"<evidence>{NO_USEFUL_INFORMATION}</evidence>"),
+    # K holds at most MAX_PLAN_STEPS + (mask.max_turns - 1) steps when Update speaks (t6 with max_turns 2; the test
+    # checks the key against params.yaml); the prompt's literal `t(n+1)` is valid too
+    UPDATE: ("<Update>t6</Update>", "<Add>t7</Add>", "<Add>t(n+1)</Add>"),
+    ANSWER: (f"<predicted_answer>{LONG_ANSWER}</predicted_answer>",),
+}

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ragteam.agents.core import FormatError, clip_words
+from ragteam.agents.core import LONG_ANSWER, FormatError, clip_words
 from ragteam.llm import Messages
 from ragteam.retrieval.base import Hit
 
@@ -182,3 +182,22 @@ def fallback_turn(turn: str, max_queries: int = MAX_QUERIES) -> dict:
     if answer is not None:
         return {"action": "answer", "answer": _squash(answer[1])}
     return {"action": "retry"}
+
+
+# ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
+# One turn each (the budget is per turn, llm.sampling.qagent): a first search with MAX_QUERIES queries, a turn after
+# <information> (reflection, plan, MAX_QUERIES queries), and an answer turn; each ends with its stop string.
+
+LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "qagent": (
+        "<plan>Find the director of The Lost Borben, the company that employs him and its country.</plan>\n<search>\n"
+        "<query>The Lost Borben director</query>\n<query>Hali Quiver employer</query>\n"
+        "<query>Anzan Studios headquarters</query>\n</search>",
+        "<reflection>Hali Quiver directed The Lost Borben; his employer is not known yet.</reflection>\n"
+        "<plan>Find the company that employs Hali Quiver and the country of its headquarters.</plan>\n<search>\n"
+        "<query>Hali Quiver employer</query>\n<query>Anzan Studios headquarters</query>\n"
+        "<query>Benel country</query>\n</search>",
+        "<reflection>Anzan Studios is headquartered in Benel, a city of Rucaia.</reflection>\n"
+        f"<answer>\n{LONG_ANSWER}\n</answer>",
+    ),
+}

@@ -207,32 +207,41 @@ class TrajectoryTokens:
 def trajectory_tokens(ep: Episode, tokenizer) -> TrajectoryTokens:
     """Token ids and loss mask of an episode's trajectory (Fig. 2: "the searched content tokens are masked").
 
-    Ids: the first prompt under the chat template (`ragteam.llm.chat_text`), then each segment tokenised on its
-    own (no special tokens), so every token belongs to exactly one segment and the mask follows the segments
-    exactly: generated segments 1, injected `<information>` and retry text 0 (the paper masks the retrieved
-    content; the retry text is environment text too). The engine tokenises the concatenated text; the two agree
-    wherever a segment boundary is also a pre-tokenizer boundary: the injected blocks begin with a newline after
-    the agent's `</search>` and end with a single newline (see `qagent.information_block`); they can differ only
-    where the agent's own text begins or ends with whitespace next to them. Search-R1 concatenates per-segment ids
-    the same way.
-    Text injected after the last generated segment conditions nothing and is left out; when that segment ended
-    with EOS the EOS token is appended (mask 1), since the policy chose to stop there.
+    Token in, token out: the first prompt is the ids the engine recorded for the first turn, each generated
+    segment the ids it sampled (`AgentCall.response_ids`: through the stop string's tokens, or the EOS), so the
+    loss scores what the policy sampled (see `ragteam.train.ppo.tokenize_call`); only the injected
+    `<information>` blocks and retry text, which the engine never sampled, are tokenised here (on their own, no
+    special tokens). Every token belongs to exactly one segment and the mask follows the segments exactly:
+    generated segments 1, injected text 0 (the paper masks the retrieved content; the retry text is environment
+    text too). Search-R1 concatenates per-segment ids the same way.
+    The engine conditions each later turn on its own tokenisation of the trajectory text; the two agree wherever a
+    segment boundary is also a pre-tokenizer boundary (the injected blocks begin with a newline after the agent's
+    `</search>` and end with a single newline, `qagent.information_block`) and wherever the sampled ids are the
+    text's own tokenisation; they differ where the policy sampled a non-canonical split, a last token that runs
+    past the stop string (whose extra characters the text, and so the next prompt, leaves out), or an EOS before a
+    retry (kept and scored: stopping without an action was the policy's choice; the next prompt has no EOS).
+    Calls without recorded ids (scripted engines, records read back from JSONL) are tokenised from their text,
+    the first prompt under the chat template (`ragteam.llm.chat_text`), and an EOS-ended last segment gets the EOS
+    token appended (mask 1), since the policy chose to stop there.
+    Text injected after the last generated segment conditions nothing and is left out.
     """
     from ragteam.llm import chat_text
 
+    def enc(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids if text else []
+
     calls = agent_calls(ep)
-    ids = tokenizer(chat_text(tokenizer, calls[0].prompt[:1]), add_special_tokens=False).input_ids
+    ids = list(calls[0].prompt_ids) if calls[0].prompt_ids else enc(chat_text(tokenizer, calls[0].prompt[:1]))
     mask = [0] * len(ids)
     prompt_len = len(ids)
     for n, c in enumerate(calls):
-        parts = [(c.response, 1)]
+        parts = [(list(c.response_ids) if c.response_ids else enc(c.response), 1)]
         if n < len(calls) - 1:
-            parts.append((c.meta.get("injected", ""), 0))
-        for text, m in parts:
-            seg = tokenizer(text, add_special_tokens=False).input_ids if text else []
+            parts.append((enc(c.meta.get("injected", "")), 0))
+        for seg, m in parts:
             ids += seg
             mask += [m] * len(seg)
-    if calls[-1].meta.get("finish") == "eos":
+    if calls[-1].meta.get("finish") == "eos" and not calls[-1].response_ids:   # recorded ids hold their EOS
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token_id to end an EOS-finished trajectory with")
         ids.append(tokenizer.eos_token_id)

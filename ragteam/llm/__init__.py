@@ -6,6 +6,7 @@ distinct model path once, so three MAPS agents that share a checkpoint share one
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,11 @@ Messages = list[dict[str, str]]
 
 
 class SamplingConfig(Strict):
-    """Generation settings of one role. temperature 0 = greedy; `stop` strings end a completion (not included)."""
+    """Generation settings of one role. temperature 0 = greedy; `stop` strings end a completion (not included).
+
+    `seed`: the seed of one engine call (hf: the torch RNG is seeded with it for that call; vLLM: a per-request seed
+    where the build supports it). A seeded `Team` sets it on every sampled call (`call_seed`); None: the engine's
+    `EngineConfig.seed`."""
 
     max_new_tokens: int = Field(32, ge=1)
     temperature: float = Field(0.0, ge=0.0)
@@ -58,11 +63,23 @@ class LLMConfig(EngineConfig):
 
 @dataclass(frozen=True)
 class Completion:
+    """One sampled completion: its text, and the token ids the engine saw and sampled (token in, token out).
+
+    Trainers score `token_ids`, never a re-tokenisation of `text`: decoding and re-encoding can merge or split tokens
+    (e.g. a sampled `<` `/` `search` `>` re-encodes as `</` `search` `>`), which would train on sequences the policy
+    never sampled. `token_ids` run up to and including EOS when generation stopped on it, and through the token that
+    completed a stop string when one ended it: those tokens were sampled (the decision to stop is in them), though
+    `text` is cut before the stop string and any characters of that last token beyond it are in the ids only.
+    """
+
     text: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str  # "stop" (EOS or a stop string) | "length"
     stop_reason: str | None = None  # the stop string that ended the text (not included in it); None: EOS or length
+    prompt_ids: tuple[int, ...] | None = None  # the prompt as the engine tokenised it (chat template applied)
+    token_ids: tuple[int, ...] | None = None   # the sampled ids (see above); None: an engine that does not say
+    logprobs: tuple[float, ...] | None = None  # the engine's log-prob of each sampled id (vLLM); None: not computed
 
 
 class Engine(Protocol):
@@ -71,6 +88,14 @@ class Engine(Protocol):
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         """One list of `sampling.n` completions per prompt, in prompt order."""
         ...
+
+
+def call_seed(*parts: object) -> int:
+    """A 31-bit seed derived from `parts` (e.g. the run seed, the step, a call counter): distinct parts give unrelated
+    streams, equal parts the same one. A hash, not arithmetic, so (seed, step, call) triples never collide by
+    accident; 31 bits fit every engine's seed type."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 def find_stop(text: str, stop: list[str]) -> tuple[str, str | None]:
@@ -139,13 +164,29 @@ class EnginePool:
 
 
 class Team:
-    """Role -> engine and sampling. Counts engine calls per role (one per workflow step, whatever the batch)."""
+    """Role -> engine and sampling. Counts engine calls per role (one per workflow step, whatever the batch).
+
+    `seed` (the joint trainer's rollouts): the k-th engine call of this Team, if it samples (temperature > 0), runs
+    with `SamplingConfig.seed = call_seed(seed, k)`, replacing any seed of the role's settings. Every call, role and
+    turn thus draws a fresh random stream (re-seeding each call with one seed replays the same stream: successive
+    calls' samples are correlated), and a Team rebuilt with the same seed that makes the same calls in the same
+    order (a rerun, a resumed step) reproduces every sample. Greedy calls are unaffected. Without a seed (evaluation,
+    synthesis) the sampling settings pass through unchanged: each call is seeded by the caller's `seed` or the
+    engine's, which keeps those stages' outputs as they were.
+
+    `keep_token_ids` (trainers): workflows copy each Completion's token ids onto its AgentCall
+    (`ragteam.agents.core.llm_step`), for the loss to score the sampled ids. Off elsewhere: a paper-scale evaluation
+    holds a system's tens of thousands of episodes at once, and their prompt ids would take gigabytes.
+    """
 
     def __init__(self, engines: Engine | Callable[[str], Engine],
-                 sampling: Mapping[str, SamplingConfig] | None = None):
+                 sampling: Mapping[str, SamplingConfig] | None = None, seed: int | None = None,
+                 keep_token_ids: bool = False):
         self._engine_for = engines if callable(engines) and not hasattr(engines, "generate") else (lambda _r: engines)
         self.sampling = dict(sampling or {})
+        self.seed, self.keep_token_ids = seed, keep_token_ids
         self.calls: dict[str, int] = {}
+        self.n_calls = 0  # engine calls so far, every role: k of call_seed(seed, k)
         # called after every engine call with (role, prompts, seconds): progress of long runs (stage evaluate)
         self.on_call: Callable[[str, int, float], None] | None = None
 
@@ -160,8 +201,12 @@ class Team:
         if not prompts:
             return []
         self.calls[role] = self.calls.get(role, 0) + 1
+        s = sampling or self.sampling_for(role)
+        if self.seed is not None and s.temperature > 0:
+            s = s.model_copy(update={"seed": call_seed(self.seed, self.n_calls)})
+        self.n_calls += 1
         t0 = time.perf_counter()
-        out = self.engine(role).generate(prompts, sampling or self.sampling_for(role))
+        out = self.engine(role).generate(prompts, s)
         if self.on_call is not None:
             self.on_call(role, len(prompts), time.perf_counter() - t0)
         return out

