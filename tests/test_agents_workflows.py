@@ -113,6 +113,43 @@ def test_maps_format_errors_use_the_documented_fallbacks():
     assert ep.meta["format_errors"] == 4           # 2 query + 1 judge + 1 answer
 
 
+def test_a_lead_in_is_continued_once_before_it_is_read():
+    """"Answer:" then EOS is not an answer: the answer step continues it once inside the same assistant turn, EOS
+    forbidden for the first token, within what is left of the budget; the call keeps the lead-in. A continuation
+    that is still a stub stays no answer (one try, no loop); a real answer is never continued."""
+    from ragteam.agents.core import LEAD_IN_MIN_TOKENS, continue_lead_ins
+    from ragteam.llm import Completion, SamplingConfig
+
+    def reply(role, m):
+        if role == "answer_agent" and m[-1]["role"] == "assistant":        # the continuation of a lead-in
+            return {"Answer:": " ans1", "The answer is:": " the answer is:"}[m[-1]["content"]]
+        if role == "answer_agent":
+            return {0: "ans0", 1: "Answer:", 2: "The answer is:"}[qidx(m)]
+        return maps_reply({0: 0, 1: 0, 2: 0})(role, m)
+
+    eng = ScriptedEngine(reply)
+    team = Team(eng, {"answer_agent": SamplingConfig(max_new_tokens=24)})
+    eps = run_maps(rows(3), team, corpus(3, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+    assert [e.final_answer for e in eps] == ["ans0", "ans1", ""]
+    answers = [e.calls[-1] for e in eps]
+    assert [c.meta.get("lead_in") for c in answers] == [None, "Answer:", "The answer is:"]
+    assert answers[1].response == "Answer: ans1" and answers[1].format_error is None
+    assert answers[2].format_error.startswith(maps.LEAD_IN_ERROR)       # still a stub after its one try
+    # one call, then one per distinct budget left: "Answer:" used 2 tokens (22 left), "The answer is:" 4 (20 left)
+    assert eng.steps("answer_agent") == [3, 1, 1]
+    assert [(s.max_new_tokens, s.min_new_tokens, s.n) for s in eng.samplings[-2:]] == \
+        [(22, LEAD_IN_MIN_TOKENS, 1), (20, LEAD_IN_MIN_TOKENS, 1)]          # EOS may not end the first new token
+    # token ids: the lead-in's EOS is dropped, the continuation's ids follow; n samples are continued one by one
+    lead = Completion("Answer:", 5, 2, "stop", token_ids=(7, 2))
+    more = Team(lambda _role: type("E", (), {"generate": lambda self, p, s: [
+        [Completion(" x", 6, 2, "stop", token_ids=(9, 2))] for _ in p]})())
+    [[a, b]] = continue_lead_ins(more, "answer_agent", [[{"role": "user", "content": "q"}]],
+                                 [[lead, Completion("y", 5, 2, "stop")]], maps.is_stub,
+                                 SamplingConfig(max_new_tokens=8, n=2))
+    assert (a.text, a.token_ids, a.completion_tokens, a.lead_in) == ("Answer: x", (7, 9, 2), 4, "Answer:")
+    assert b.text == "y" and b.lead_in is None
+
+
 def test_episode_records_cost_and_round_trip(tmp_path):
     eps = run_maps(rows(2), Team(ScriptedEngine(maps_reply({0: 1, 1: 2}))), corpus(2, 3, 2),
                    MapsConfig(max_rounds=3, top_k=2, judge_initial=False))

@@ -199,16 +199,16 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
                                                seed=11))
     # one SamplingParams per prompt, each seeded from the call's seed and the prompt's position
     assert calls["chat"]["sampling_params"] == [
-        dict(n=2, temperature=0.7, top_p=0.9, max_tokens=24, seed=call_seed(11, i), logprobs=0, stop=["\n"],
-             include_stop_str_in_output=False) for i in range(2)]
+        dict(n=2, temperature=0.7, top_p=0.9, max_tokens=24, seed=call_seed(11, i), logprobs=0, min_tokens=0,
+             stop=["\n"], include_stop_str_in_output=False) for i in range(2)]
     assert calls["chat"]["messages"] == prompts and calls["chat"]["use_tqdm"] is False
     # token in, token out: the engine's prompt ids, sampled ids and their log-probs
     assert out[1] == [Completion("a1", 11, 2, "stop", prompt_ids=(1,) * 11, token_ids=(5, 6), logprobs=(-2.5, -3.0)),
                       Completion("b1", 11, 3, "length", prompt_ids=(1,) * 11, token_ids=(5, 6, 7),
                                  logprobs=(-2.5, -3.0, -3.5))]
-    eng.generate(prompts, SamplingConfig(max_new_tokens=8))           # greedy: top_p ignored, no stop key
+    eng.generate(prompts, SamplingConfig(max_new_tokens=8, min_new_tokens=2))   # greedy: top_p ignored, no stop key
     assert calls["chat"]["sampling_params"] == [dict(n=1, temperature=0.0, top_p=1.0, max_tokens=8, seed=None,
-                                                     logprobs=0)] * 2
+                                                     logprobs=0, min_tokens=2)] * 2
 
 
 def test_vllm_cpu_build_samples_from_the_engine_seed_not_per_request_seeds(monkeypatch):
@@ -301,6 +301,21 @@ def test_a_seeded_team_gives_every_sampled_call_its_own_seed():
     assert len(set(seeds[:2] + seeds[3:])) == 3 and seeds[2] is None
     assert run(7) == seeds and run(8)[0] != seeds[0]
     assert run(None) == [4, 4, None, 4]
+
+
+def test_hf_min_new_tokens_keeps_eos_from_ending_a_completion_early(tiny_llama):
+    """`min_new_tokens` reaches transformers' generation: with the greedy first token declared EOS the completion
+    stops at once; with min_new_tokens 3 it cannot stop before its third token (what a lead-in's continuation
+    relies on, `agents.core.continue_lead_ins`)."""
+    from ragteam.llm.hf import HFEngine
+
+    eng = HFEngine(str(tiny_llama), EngineConfig(device="cpu", threads=1))
+    msgs = [[{"role": "user", "content": "Name a city."}]]
+    first = eng.generate(msgs, SamplingConfig(max_new_tokens=1))[0][0].token_ids[0]
+    eng.eos_ids = {first}
+    assert eng.generate(msgs, SamplingConfig(max_new_tokens=6))[0][0].completion_tokens == 1
+    held = eng.generate(msgs, SamplingConfig(max_new_tokens=6, min_new_tokens=3))[0][0]
+    assert held.completion_tokens >= 3 and first not in held.token_ids[:2]
 
 
 def test_hf_sampling_is_seeded_per_call_and_leaves_the_callers_rng_alone(tiny_llama):

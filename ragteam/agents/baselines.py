@@ -16,7 +16,7 @@ from pydantic import Field
 from ragteam.agents.core import clip_words, finish_episode, llm_step, new_episode, retrieve_step
 from ragteam.agents.ircot import IRCoTConfig
 from ragteam.agents.sure import SuReConfig
-from ragteam.agents.maps import parse_answer
+from ragteam.agents.maps import is_stub, parse_answer
 from ragteam.config import Strict
 from ragteam.llm import Messages, Team
 from ragteam.records import Episode
@@ -66,7 +66,8 @@ def _finish(eps: list[Episode], calls) -> list[Episode]:
 
 def run_native(rows: Sequence[dict], team: Team, system: str = "native") -> list[Episode]:
     eps = [new_episode(r, system) for r in rows]
-    return _finish(eps, llm_step(team, ROLE, eps, [native_messages(e.question) for e in eps], parse_answer))
+    return _finish(eps, llm_step(team, ROLE, eps, [native_messages(e.question) for e in eps], parse_answer,
+                                 continue_if=is_stub))
 
 
 def run_standard_rag(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: BaselineConfig,
@@ -77,7 +78,7 @@ def run_standard_rag(rows: Sequence[dict], team: Team, retriever: Retriever, cfg
         ep.queries.append(ep.question)
         ep.retrieved_ids.append([x.id for x in h])
     calls = llm_step(team, ROLE, eps, [rag_messages(e.question, h, cfg.passage_words) for e, h in zip(eps, hits)],
-                     parse_answer)
+                     parse_answer, continue_if=is_stub)
     return _finish(eps, calls)
 
 
@@ -93,7 +94,7 @@ def run_iter_retgen(rows: Sequence[dict], team: Team, retriever: Retriever, cfg:
             ep.queries.append(q)
             ep.retrieved_ids.append([x.id for x in h])
         calls = llm_step(team, ROLE, eps, [rag_messages(e.question, h, cfg.passage_words) for e, h in zip(eps, hits)],
-                         parse_answer, iteration=it)
+                         parse_answer, continue_if=is_stub, iteration=it)
         # FlashRAG feeds the raw generation into the next query
         prev = [c.response.strip() for c in calls]
         for c, h in zip(calls, hits):

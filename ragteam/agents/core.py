@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ragteam.llm import Messages, SamplingConfig, Team
+from ragteam.llm import Completion, Messages, SamplingConfig, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit, Retriever
 
@@ -106,12 +106,60 @@ def new_episode(row: dict, system: str) -> Episode:
     return ep
 
 
+LEAD_IN_MIN_TOKENS = 1   # EOS forbidden for this many new tokens of a continuation (experiments/answer_silence.md)
+
+
+def continue_lead_ins(team: Team, role: str, prompts: Sequence[Messages], outs: Sequence[Sequence[Completion]],
+                      is_stub: Callable[[str], bool], sampling: SamplingConfig | None = None
+                      ) -> list[list[Completion]]:
+    """A lead-in is not an answer: every completion for which `is_stub(text)` holds (it announced an answer, e.g.
+    "Answer:", and stopped) is continued once inside its own assistant turn, with EOS forbidden for the first
+    `LEAD_IN_MIN_TOKENS` new tokens and at most what is left of the role's token budget; the rest pass unchanged.
+    One batched engine call per distinct budget left (stubs are short: usually one call), with the role's sampling
+    (`sampling` overrides it; n = 1 each, since each stub is continued on its own). A continued completion keeps
+    its prompt, joins text, token counts and ids (the lead-in's EOS dropped), and records the lead-in
+    (`Completion.lead_in`). Its text may still be a stub ("Answer: Answer:"): it is tried once, never in a loop.
+
+    Why: a trained MAPS answer agent wrote "Answer:" and EOS on a third of the default run's questions, and a greedy
+    continuation that may not stop at once completes 9 of 13 of them (experiments/answer_silence.md)."""
+    base = sampling or team.sampling_for(role)
+    todo = [(i, j) for i, group in enumerate(outs) for j, c in enumerate(group) if is_stub(c.text)]
+    result = [list(group) for group in outs]
+    if not todo:
+        return result
+    by_room: dict[int, list[tuple[int, int]]] = {}
+    for i, j in todo:
+        room = max(base.max_new_tokens - outs[i][j].completion_tokens, LEAD_IN_MIN_TOKENS)
+        by_room.setdefault(room, []).append((i, j))
+    for room, items in by_room.items():
+        s = base.model_copy(update={"n": 1, "max_new_tokens": room, "min_new_tokens": LEAD_IN_MIN_TOKENS})
+        more = team.complete(role, [[*prompts[i], {"role": "assistant", "content": outs[i][j].text}]
+                                    for i, j in items], s)
+        for (i, j), c in zip(items, more):
+            result[i][j] = _joined(outs[i][j], c)
+    return result
+
+
+def _joined(lead: Completion, cont: Completion) -> Completion:
+    """`lead` followed by its continuation `cont`: one completion of the lead's prompt."""
+    ids = None
+    if lead.token_ids is not None and cont.token_ids is not None:
+        head = lead.token_ids[:-1] if lead.finish_reason == "stop" and lead.stop_reason is None else lead.token_ids
+        ids = tuple(head) + tuple(cont.token_ids)
+    return replace(cont, text=lead.text + cont.text, prompt_tokens=lead.prompt_tokens, prompt_ids=lead.prompt_ids,
+                   completion_tokens=lead.completion_tokens + cont.completion_tokens, token_ids=ids, logprobs=None,
+                   lead_in=lead.text)
+
+
 def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequence[Messages],
              parse: Callable[[str], Any] | Sequence[Callable[[str], Any]], sampling: SamplingConfig | None = None,
-             keep_stop: bool = False, **meta: Any) -> list[AgentCall]:
+             keep_stop: bool = False, continue_if: Callable[[str], bool] | None = None, **meta: Any
+             ) -> list[AgentCall]:
     """One batched engine call for `role` over `episodes`; each gets an AgentCall with the parsed output.
 
     `parse` is one parser for every output, or one per episode (a parser that depends on the episode's state).
+    `continue_if` (answering roles: `maps.is_stub`): outputs it flags are continued once (`continue_lead_ins`)
+    before they are parsed; the call records the lead-in in `meta["lead_in"]`.
 
     `sampling` overrides the role's settings. With `keep_stop` the stop string that ended a completion is kept at
     the end of the response (the model did generate it; multi-turn agents act on it) and `meta["finish"]` records
@@ -126,11 +174,15 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
         raise ValueError(f"llm_step({role}): {len(parsers)} parsers for {len(episodes)} episodes")
     t0 = time.perf_counter()
     outs = team.complete(role, list(prompts), sampling)
+    if continue_if is not None:
+        outs = [g[0] for g in continue_lead_ins(team, role, prompts, [[o] for o in outs], continue_if, sampling)]
     share = (time.perf_counter() - t0) / len(episodes)
     calls = []
     keep = team.keep_token_ids
     for ep, msgs, out, parse_one in zip(episodes, prompts, outs, parsers):
         text, call_meta = out.text, dict(meta)
+        if out.lead_in is not None:
+            call_meta["lead_in"] = out.lead_in
         if keep_stop:
             text += out.stop_reason or ""
             call_meta["finish"] = ("stop_string" if out.stop_reason else

@@ -86,7 +86,8 @@ def run_debate(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: Deba
 
     if answer:
         calls = llm_step(team, "answer_agent", eps, [maps.answer_messages(e.question, render(i))
-                                                      for i, e in enumerate(eps)], maps.parse_answer)
+                                                      for i, e in enumerate(eps)], maps.parse_answer,
+                         continue_if=maps.is_stub)
         for ep, c in zip(eps, calls):
             ep.final_answer = c.parsed if c.format_error is None else ""
     for i, ep in enumerate(eps):

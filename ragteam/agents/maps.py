@@ -171,6 +171,7 @@ _LEAD_NOUNS = frozenset("answer answers question questions document documents do
                         "according provided given following response".split())
 _LEAD_WORDS = STOPWORDS | _LEAD_NOUNS | frozenset("final correct short here sure okay ok".split())
 MAX_ANSWER_WORDS = 32
+LEAD_IN_ERROR = "a lead-in without an answer"
 
 
 def _words(text: str) -> list[str]:
@@ -217,12 +218,20 @@ def parse_answer(text: str, max_words: int = MAX_ANSWER_WORDS) -> str | FormatEr
             break
         answer, i = "", i + 1
     if not answer:
-        return FormatError(f"a lead-in without an answer: {lines[0][:80]!r}" if _words(text) else
+        return FormatError(f"{LEAD_IN_ERROR}: {lines[0][:80]!r}" if _words(text) else
                            f"no answer in {lines[0][:80]!r}")
     if len(answer.split()) > max_words:
         answer = " ".join(_SENTENCE_END.split(answer, maxsplit=1)[0].split()[:max_words])
     answer = answer.rstrip(".").strip().strip("*\"'` ").strip()
     return answer if answer else FormatError(f"no answer in {lines[0][:80]!r}")
+
+
+def is_stub(text: str) -> bool:
+    """An output that announces an answer and gives none ("Answer:", "The answer to this question is:", a prompt
+    echo): no answer, and the one kind a continuation can still complete (`agents.core.continue_lead_ins`). An
+    empty output or a copied passage header is no answer too, but nothing the model started to say."""
+    y = parse_answer(text)
+    return isinstance(y, FormatError) and y.reason.startswith(LEAD_IN_ERROR)
 
 
 def parse_proponent(text: str) -> str | FormatError:

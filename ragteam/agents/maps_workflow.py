@@ -116,8 +116,10 @@ def run_maps(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: MapsCo
         active = judge(active, rnd)
 
     # Eq. 11: the answer agent answers from the final pool
+    # a lead-in ("Answer:") is continued once before it is read (agents.core.continue_lead_ins)
     answers = llm_step(team, "answer_agent", eps, [maps.answer_messages(e.question, render(i))
-                                                    for i, e in enumerate(eps)], maps.parse_answer)
+                                                    for i, e in enumerate(eps)], maps.parse_answer,
+                       continue_if=maps.is_stub)
     for i, (ep, c) in enumerate(zip(eps, answers)):
         ep.final_answer = c.parsed if c.format_error is None else ""
         ep.meta.update(rounds=rounds[i], stop_reason=stop[i])

@@ -71,7 +71,7 @@ def generator_step(team: Team, episodes: Sequence[Episode], passages: Sequence[S
                    passage_words: int | None = None, **meta) -> list[AgentCall]:
     """One batched call of the frozen generator over (q, K) of every episode (plug-in mode, stage-2 reward)."""
     prompts = [generator_messages(ep.question, k, passage_words) for ep, k in zip(episodes, passages)]
-    calls = llm_step(team, GENERATOR_ROLE, episodes, prompts, maps.parse_answer, **meta)
+    calls = llm_step(team, GENERATOR_ROLE, episodes, prompts, maps.parse_answer, continue_if=maps.is_stub, **meta)
     for c, k in zip(calls, passages):
         c.meta["passages"] = len(k)
         if c.format_error is not None:

@@ -32,6 +32,7 @@ class SamplingConfig(Strict):
     n: int = Field(1, ge=1)
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
+    min_new_tokens: int = Field(0, ge=0)   # EOS cannot end a completion before n new tokens
 
 
 class VLLMOptions(Strict):
@@ -80,6 +81,7 @@ class Completion:
     prompt_ids: tuple[int, ...] | None = None  # the prompt as the engine tokenised it (chat template applied)
     token_ids: tuple[int, ...] | None = None   # the sampled ids (see above); None: an engine that does not say
     logprobs: tuple[float, ...] | None = None  # the engine's log-prob of each sampled id (vLLM); None: not computed
+    lead_in: str | None = None  # the answer-less lead-in this completion continues (agents.core.continue_lead_ins)
 
 
 class Engine(Protocol):

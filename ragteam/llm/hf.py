@@ -60,6 +60,8 @@ class HFEngine:
     def _gen_config(self, s: SamplingConfig) -> GenerationConfig:
         kw = dict(max_new_tokens=s.max_new_tokens, num_return_sequences=s.n, use_cache=True,
                   pad_token_id=self.tokenizer.pad_token_id, eos_token_id=sorted(self.eos_ids))
+        if s.min_new_tokens:
+            kw["min_new_tokens"] = min(s.min_new_tokens, s.max_new_tokens)
         if s.temperature > 0:
             kw.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0)
         else:

@@ -29,7 +29,8 @@ def sampling_kwargs(s: SamplingConfig, per_request_seed: bool = True) -> dict:
     `s.seed` out: sampling then draws from the engine's generator, seeded once by `LLM(seed=...)`, which advances
     from call to call, so successive calls still differ and a run from a fresh engine is reproduced as a whole."""
     kw = dict(n=s.n, temperature=s.temperature, top_p=s.top_p if s.temperature > 0 else 1.0,
-              max_tokens=s.max_new_tokens, seed=s.seed if per_request_seed else None, logprobs=0)
+              max_tokens=s.max_new_tokens, seed=s.seed if per_request_seed else None, logprobs=0,
+              min_tokens=min(s.min_new_tokens, s.max_new_tokens))
     if s.stop:
         kw.update(stop=list(s.stop), include_stop_str_in_output=False)
     return kw

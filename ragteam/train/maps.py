@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ragteam.agents import maps
-from ragteam.agents.core import QueryPool
+from ragteam.agents.core import QueryPool, continue_lead_ins
 from ragteam.config import Strict
 from ragteam.llm import Team
 from ragteam.retrieval.base import Retriever
@@ -222,7 +222,8 @@ class AnswerPairs:
         if todo:
             prompts = [maps.answer_messages(q, p.render(self.passage_words)) for q, p in todo.values()]
             sampling = self.team.sampling_for(self.role).model_copy(update={"n": 1, "temperature": 0.0})
-            outs = self.team.generate(self.role, prompts, sampling)
+            outs = continue_lead_ins(self.team, self.role, prompts, self.team.generate(self.role, prompts, sampling),
+                                     maps.is_stub, sampling)   # as MAPS inference reads the answer agent
             self.stats["engine_calls"] += 1
             self.stats["answers_generated"] += len(prompts)
             for k, o in zip(todo, outs):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragteam.agents import maps
-from ragteam.agents.core import QueryPool
+from ragteam.agents.core import QueryPool, continue_lead_ins
 from ragteam.agents.debate import DebateConfig, debate_snapshots, run_debate
 from ragteam.eval.metrics import accuracy, exact_match
 from ragteam.llm import SamplingConfig, Team
@@ -54,9 +54,10 @@ def single_retrieval_pools(rows: Sequence[dict], retriever: Retriever, top_k: in
 
 def sample_answers(team: Team, role: str, rows: Sequence[dict], pools: Sequence[QueryPool], sampling: SamplingConfig,
                    passage_words: int | None = None) -> list[list[str]]:
-    """`sampling.n` answers per (question, pool) with the MAPS answer prompt, in ONE batched engine call."""
+    """`sampling.n` answers per (question, pool) with the MAPS answer prompt, in ONE batched engine call (and one
+    more for the lead-ins to continue, as MAPS inference does: `agents.core.continue_lead_ins`)."""
     prompts = [maps.answer_messages(r["question"], p.render(passage_words)) for r, p in zip(rows, pools)]
-    outs = team.generate(role, prompts, sampling)
+    outs = continue_lead_ins(team, role, prompts, team.generate(role, prompts, sampling), maps.is_stub, sampling)
     answers = []
     for samples in outs:
         parsed = [maps.parse_answer(c.text) for c in samples]
