@@ -40,6 +40,28 @@ def test_shared_prefix_logps_equal_a_full_forward_pass(tiny):
         assert torch.allclose(got[g], ref, atol=1e-4)
 
 
+def test_greedy_in_group_puts_the_greedy_output_first_among_the_samples(tiny):
+    """greedy_in_group (issue 27): completion 0 of the group is transformers' greedy decoding of the prompt, the
+    others are sampled; only the shared-prefix trainer can do it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, tok = tiny
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    prompt = torch.tensor(tok.apply_chat_template(SAMPLES[1]["prompt"], add_generation_prompt=True,
+                                                  return_dict=True)["input_ids"])
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    greedy = model.generate(prompt[None], max_new_tokens=6, do_sample=False, pad_token_id=pad)[0, len(prompt):]
+    torch.manual_seed(3)
+    comp, _ = _sample_group(model, prompt, G=4, max_new=6, temperature=1.0, eos_id=tok.eos_token_id, pad_id=pad,
+                            greedy_first=True)
+    assert comp[0, :len(greedy)].tolist() == greedy.tolist()
+    assert any(comp[g].tolist() != comp[0].tolist() for g in range(1, 4))     # the rest are sampled
+    with pytest.raises(ValueError, match="greedy_in_group needs trainer: shared_prefix"):
+        GRPOParams(steps=1, prompts_per_step=1, num_generations=2, micro_batch_size=2, lr=1e-4,
+                   max_completion_length=4, save_steps=1, trainer="trl", greedy_in_group=True)
+
+
 def test_completion_mask_keeps_tokens_up_to_the_first_eos(tiny, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM

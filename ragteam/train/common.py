@@ -50,6 +50,10 @@ class GRPOParams(Strict):
     # shared_prefix: an optimiser step with a NaN/inf gradient is skipped (and counted, `nonfinite_grad_steps`); this
     # many skipped in a row stop the run (TrainingDiverged). TRL's own trainer does not check
     max_nonfinite_grad_steps: int = Field(3, ge=1)
+    # shared_prefix: one of each prompt's G completions is the greedy one, the output inference gives. A lead-in
+    # stub can be the policy's mode while the sampler rarely draws it (issue 27: experiments/answer_silence.md);
+    # scored in every group, it is penalised until it is no longer the mode. Not in the paper (False there)
+    greedy_in_group: bool = False
     lora: LoraParams = LoraParams()
 
     @model_validator(mode="after")
@@ -58,6 +62,9 @@ class GRPOParams(Strict):
         if total % self.micro_batch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide prompts_per_step x "
                              f"num_generations ({total})")
+        if self.greedy_in_group and self.trainer != "shared_prefix":
+            raise ValueError("greedy_in_group needs trainer: shared_prefix (TRL's GRPOTrainer samples every "
+                             "completion)")
         return self
 
 

@@ -31,8 +31,10 @@ from ragteam.train.common import GRPOParams, GRPOSample, lora_config, model_para
 log = logging.getLogger(__name__)
 
 
-def _sample_group(model, prompt_ids, G: int, max_new: int, temperature: float, eos_id: int, pad_id: int):
-    """G sampled completions of one prompt: prefill once, repeat the KV cache G times, decode together."""
+def _sample_group(model, prompt_ids, G: int, max_new: int, temperature: float, eos_id: int, pad_id: int,
+                  greedy_first: bool = False):
+    """G sampled completions of one prompt: prefill once, repeat the KV cache G times, decode together.
+    `greedy_first`: completion 0 takes the argmax at every token (the greedy output inference gives)."""
     import torch
 
     with torch.no_grad():
@@ -44,6 +46,8 @@ def _sample_group(model, prompt_ids, G: int, max_new: int, temperature: float, e
         tokens = []
         for _ in range(max_new):
             nxt = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(1)
+            if greedy_first:
+                nxt[0] = logits[0].argmax()
             nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
             tokens.append(nxt)
             done |= nxt == eos_id
@@ -140,7 +144,7 @@ def train_grpo_shared_prefix(
         # 1. rollout: G completions per prompt (no grad)
         model.eval()
         groups = [(i, *_sample_group(model, prompt_ids[i], G, params.max_completion_length, params.temperature,
-                                     eos_id, pad_id)) for i in idx]
+                                     eos_id, pad_id, params.greedy_in_group)) for i in idx]
         model.train()
 
         # 2. rewards (TRL's keyword protocol), group-normalised advantages A = (r - mean) / std
