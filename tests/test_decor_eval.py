@@ -73,7 +73,7 @@ def test_evaluate_runs_decor_with_lj_from_the_rule_judge(tmp_path):
     eps = read_episodes(tmp_path / "res" / "decor" / "hotpotqa.jsonl")
     assert [e.metrics["lj"] for e in eps] == [1.0, 0.0] and eps[0].meta["stop_reason"] == "planner_stop"
     md = (tmp_path / "eval.md").read_text()
-    assert "| Avg Acc | Avg LJ | LLM calls/q |" in md
+    assert "| Avg Acc | Avg LJ | No answer % | Format error q % | LLM calls/q |" in md
     assert re.search(r"\| maps \|.*\| – \|", md) and "| LJ judge | rules (a gold answer contained" in md
     assert loads == ["models/llm"]
 

@@ -259,8 +259,9 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
     import ragteam.retrieval
     from ragteam.cli import app
 
-    def reply(role, m):
-        return {"query_agent": "q0r1", "judge_agent": maps.SUFFICIENT, "answer_agent": "ans0"}[role]
+    def reply(role, m):   # the judge wants the second query's passage (maps.judge_initial asks it on the first)
+        judge = maps.SUFFICIENT if "q0r1" in m[-1]["content"] else maps.INSUFFICIENT
+        return {"query_agent": "q0r1", "judge_agent": judge, "answer_agent": "ans0"}[role]
 
     class Fake(ScriptedEngine):
         def __init__(self, path, cfg):
@@ -273,8 +274,8 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
     res = CliRunner().invoke(app, ["ask", "What is q0r0 ?", "--params", str(REPO / "params.yaml"), "--calls",
                                    "--index", "idx"])
     assert res.exit_code == 0, res.output
-    # maps.judge_initial: the judge finds the first pool sufficient, so no round runs
-    assert "A: ans0" in res.output and "0 round(s), judge_sufficient" in res.output and opened == ["idx"]
+    assert "A: ans0" in res.output and "1 round(s), judge_sufficient" in res.output and opened == ["idx"]
+    assert "[judge_agent] 'Insufficient Information'" in res.output     # the verdict on the initial retrieval
     assert "[query_agent] 'q0r1' -> 'q0r1'" in res.output
     bad = CliRunner().invoke(app, ["ask", "x", "--system", "nope", "--params", str(REPO / "params.yaml")])
     assert bad.exit_code == 1 and "not in eval.systems" in bad.output
