@@ -38,8 +38,10 @@ if str(REPO) not in sys.path:
 LINKED = ("data/prepared", "data/indexes", "data/synthesis", "data/judge", "models/llm")
 BENCHMARKS = ["hotpotqa", "2wikimultihopqa"]
 UNTRAINED, TRAINED = "maps_untrained", "maps"
-KEYS = ("em", "f1", "no_answer")   # no_answer: the final answer is empty (issue 27), paired like the scores
-LABEL = {"em": "EM", "f1": "F1", "no_answer": "No answer %"}
+# no_answer: the final answer is empty; format_error_questions: some call broke its format (issue 27); paired like
+# the scores
+KEYS = ("em", "f1", "no_answer", "format_error_questions")
+LABEL = {"em": "EM", "f1": "F1", "no_answer": "No answer %", "format_error_questions": "Format error q %"}
 
 
 def workspace(agents: Path, work: Path, seed: int, n: int, first: bool, query_from: Path | None) -> Path:
@@ -121,9 +123,11 @@ def load_scores(scores_file: Path, system: str) -> tuple[list[str], dict[str, li
         rows = kept[system][b]
         ids += [f"{b}/{r['id']}" for r in rows]
         for k in KEYS:   # scores.json written before no_answer existed: derived from the kept final answer
-            scores[k] += [r[k] if k in r else float(not has_answer(r["answer"])) for r in rows]
+            scores[k] += [r[k] if k in r else float(not has_answer(r["answer"])) if k == "no_answer" else None
+                          for r in rows]
         sizes.append(len(rows))
-    return ids, scores, sizes
+    # format errors cannot be derived from an old scores.json (it kept no calls): left out there
+    return ids, {k: v for k, v in scores.items() if None not in v}, sizes
 
 
 def summarize(out: Path, seeds: list[int], resamples: int = 10_000) -> dict:
@@ -151,10 +155,11 @@ def summarize(out: Path, seeds: list[int], resamples: int = 10_000) -> dict:
     def triple(iv) -> list[float]:
         return [iv.estimate, iv.lo, iv.hi]
 
+    keys = [k for k in KEYS if k in base and all(k in t for t in trained.values())]
     result: dict = {"seeds": seeds, "benchmarks": BENCHMARKS, "n": sizes, "untrained_from": result_from,
-                    "per_seed": {}, "pooled": {}}
+                    "keys": keys, "per_seed": {}, "pooled": {}}
     for name, (lo, hi, gs) in groups.items():
-        for k in KEYS:
+        for k in keys:
             b_stat = mean_statistic(base[k][lo:hi], gs)
             t_stats = {s: mean_statistic(trained[s][k][lo:hi], gs) for s in seeds}
             for s in seeds:
@@ -193,7 +198,7 @@ def table(r: dict) -> str:
 
     lines = ["| metric | benchmark | maps_untrained | maps (trained), mean over seeds | gain per seed | "
              "gain over seeds: mean ± sd [t-interval] | pooled gain [95 % CI] |", "|---|---|---:|---:|---|---:|---:|"]
-    for k in KEYS:
+    for k in r.get("keys", KEYS[:2]):
         for b in (*r["benchmarks"], "avg"):
             p = r["pooled"][b][k]
             per = ", ".join(f"{x:+.2f}" for x in p["diff_per_seed"]).replace("-", "−")

@@ -233,7 +233,8 @@ def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
     r = team.summarize(tmp_path, [0, 1], resamples=500)
     kept = json.loads((tmp_path / "seed0/scores.json").read_text())
     assert sorted(kept) == ["maps", "maps_untrained"]
-    assert kept["maps"]["hotpotqa"][0] == {"id": "q0", "answer": "a0", "em": 1.0, "f1": 1.0, "no_answer": 0.0}
+    assert kept["maps"]["hotpotqa"][0] == {"id": "q0", "answer": "a0", "em": 1.0, "f1": 1.0, "no_answer": 0.0,
+                                           "format_error_questions": 0.0}
     assert r["untrained_from"] == "seed0" and r["n"] == [n, n]
     s0, s1, pooled = r["per_seed"]["0"], r["per_seed"]["1"], r["pooled"]
     assert s0["hotpotqa"]["em"]["diff"][0] == pytest.approx(20.0) and s0["2wikimultihopqa"]["em"]["diff"][0] == 50.0
@@ -261,6 +262,7 @@ def test_team_summary_reads_silence_from_scores_written_before_it_was_kept(tmp_p
         f.write_text(json.dumps(kept))
     r = team.summarize(tmp_path, [0, 1], resamples=200)
     assert r["pooled"]["avg"]["no_answer"]["diff_per_seed"] == [50.0, 100.0]
+    assert r["keys"] == ["em", "f1", "no_answer"]          # format errors need the calls an old file did not keep
 
 
 def test_team_summary_refuses_seeds_scored_on_other_questions(tmp_path):
