@@ -8,7 +8,46 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Teams of LLM agents for RAG, as a pipeline.")
+def error_line(e: BaseException) -> str:
+    """One line naming what a user got wrong: the message with its whitespace folded; a missing file as
+    '<path>: file not found' rather than Python's '[Errno 2] ...'."""
+    if isinstance(e, FileNotFoundError) and e.filename:
+        return f"{e.filename}: file not found"
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean bad input from the user (a profile, a params file, a path, a model source, a data
+    file), not a bug: the CLI prints them as one line. Imported lazily: `ragteam --help` stays fast."""
+    from ragteam.config import ParamsError
+    from ragteam.io import DataError
+    from ragteam.lineage import LineageError
+    from ragteam.models import ModelSourceError
+
+    return ParamsError, DataError, LineageError, ModelSourceError, FileNotFoundError
+
+
+def fail(e: BaseException) -> typer.Exit:
+    """Print `ERROR <one line>` on stderr; return the Exit(1) for the caller to raise."""
+    typer.echo(f"ERROR {error_line(e)}", err=True)
+    return typer.Exit(1)
+
+
+class App(typer.Typer):
+    """A Typer app whose user errors (see `user_errors`) end as one `ERROR ...` line and exit status 1 instead of a
+    traceback panel; anything else is a bug and keeps its traceback."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as e:
+            if isinstance(e, user_errors()):
+                typer.echo(f"ERROR {error_line(e)}", err=True)
+                sys.exit(1)
+            raise
+
+
+app = App(no_args_is_help=True, add_completion=False, help="Teams of LLM agents for RAG, as a pipeline.")
 data_app = typer.Typer(no_args_is_help=True, help="Prepared-data checks.")
 profile_app = typer.Typer(no_args_is_help=True, help="Param profiles (overlays on params.yaml).")
 app.add_typer(data_app, name="data")
@@ -121,8 +160,7 @@ def replicate_summarize(
         notes += rep.check_runs(runs)
         summary = rep.summarize_replicates(runs, cfg)
     except (ValueError, OSError) as e:
-        typer.echo(f"ERROR {e}", err=True)
-        raise typer.Exit(1)
+        raise fail(e)
     md = rep.report_markdown(summary, notes, cfg)
     write_json(out_json, summary)
     with atomic_file(out_md) as f:
@@ -155,8 +193,7 @@ def flow_run(
     try:  # also checks targets and params before a Prefect server is started
         plan = describe_plan(root, targets or None, not single, remote)
     except (LineageError, ParamsError) as e:
-        typer.echo(f"ERROR {e}", err=True)
-        raise typer.Exit(1)
+        raise fail(e)
     if dry_run:
         typer.echo("\n".join(plan))
         return
@@ -181,8 +218,7 @@ def lineage_cmd(
     try:
         info = lineage(find_root(path.resolve().parent), path)
     except LineageError as e:
-        typer.echo(f"ERROR {e}", err=True)
-        raise typer.Exit(1)
+        raise fail(e)
     if as_json:
         typer.echo(json.dumps(info, indent=2, default=str))
         return
@@ -240,8 +276,7 @@ def serve_retriever(
                                max_batch=base.max_batch)
         retriever = open_retriever(index, corpus=corpus, encoder=encoder, convention=convention, device=device)
     except (ParamsError, DataError, ValueError, RuntimeError) as e:
-        typer.echo(f"ERROR {e}", err=True)
-        raise typer.Exit(1)
+        raise fail(e)
     host = host or (cfg.host if cfg else "127.0.0.1")
     port = port or (cfg.port if cfg else 8000)
     typer.echo(f"serving {', '.join(map(str, index))} on http://{host}:{port} (POST /retrieve, POST /search)", err=True)
@@ -279,8 +314,7 @@ def ask(
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
         episodes = run_system(spec, rows, team, retriever, cfgs, system)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:
-        typer.echo(f"ERROR {e}", err=True)
-        raise typer.Exit(1)
+        raise fail(e)
     for ep in episodes:
         if as_json:
             typer.echo(ep.model_dump_json())

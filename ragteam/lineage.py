@@ -42,7 +42,7 @@ def find_root(start: str | Path = ".") -> Path:
     for d in (p, *p.parents):
         if (d / "dvc.yaml").is_file():
             return d
-    raise LineageError(f"no dvc.yaml in {p} or any parent directory")
+    raise LineageError(f"no dvc.yaml in {p} or any parent directory: run it inside a ragteam checkout")
 
 
 def _rel(root: Path, fs_path: str) -> str:
