@@ -66,3 +66,16 @@ def test_slug_matches_githubs_rule():
     assert slug(" Measured: each agent, replicated over seeds on `mirror:../shared/data`") == \
         "measured-each-agent-replicated-over-seeds-on-mirrorshareddata"
     assert slug("Agents, systems and the `evaluate` stage") == "agents-systems-and-the-evaluate-stage"
+
+
+def test_the_dag_in_the_docs_is_dvc_dags_own():
+    import shutil
+    import subprocess
+    import sys
+
+    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
+    assert dvc, "dvc is not installed in this environment"
+    now = subprocess.run([dvc, "dag", "--mermaid"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    text = (ROOT / "docs/pipeline.md").read_text(encoding="utf-8")
+    block = text.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert block.strip() == now.strip(), "docs/pipeline.md's DAG is stale: paste `dvc dag --mermaid` into it"
