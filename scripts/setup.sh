@@ -12,6 +12,22 @@ for s in "$stamp" ".venv/.ragteam-installed[dev]"; do   # a dev install also sat
     echo "setup: .venv is up to date"; exit 0
   fi
 done
+# The Python versions that work are pyproject.toml's requires-python (">=A.B,<C.D"): check the interpreter that
+# .venv has or will get, before anything is installed, with a message that says what to do.
+req=$(sed -n 's/^requires-python = ">=\([0-9]*\.[0-9]*\),<\([0-9]*\.[0-9]*\)".*/\1 \2/p' pyproject.toml)
+[[ -n "$req" ]] || { echo "setup: pyproject.toml has no requires-python = \">=A.B,<C.D\" line" >&2; exit 2; }
+read -r lo hi <<<"$req"
+py=$PY; [[ -x .venv/bin/python ]] && py=.venv/bin/python
+have=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || {
+  echo "setup: cannot run '$py'; install Python >=$lo,<$hi and point PYTHON at it (PYTHON=python3.11 make ...)" >&2
+  exit 2; }
+as_int() { local a=${1%%.*} b=${1#*.}; echo $(( a * 100 + b )); }
+if (( $(as_int "$have") < $(as_int "$lo") || $(as_int "$have") >= $(as_int "$hi") )); then
+  where="$py"; [[ "$py" == .venv/bin/python ]] && where=".venv (made with $have; remove it to rebuild)"
+  echo "setup: Python $have from $where is not supported: ragteam needs >=$lo,<$hi (pyproject.toml);" \
+       "run with PYTHON=python$lo (or another supported version)" >&2
+  exit 2
+fi
 start=$(date +%s)
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q -U pip
