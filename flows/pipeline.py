@@ -16,6 +16,7 @@ and uncached outs and `dvc pull`s the stage's outs.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -55,6 +56,19 @@ class PrefectParams(Strict):
     gpu_stages: list[str]
     gpu_mode: Literal["local", "deployment"]
     gpu_deployment: str = Field(pattern=r"^[^/]+/[^/]+$")  # "<flow name>/<deployment name>"
+    max_parallel_stages: int | None = Field(default=None, ge=1)  # None: auto (`parallel_stages`)
+
+
+def parallel_stages(cfg: PrefectParams, params: dict, cpus: int | None = None) -> int:
+    """How many stages the flow runs at once: `prefect.max_parallel_stages`, or, when null, as many as the machine
+    has room for: its cores divided by the cores one LLM stage uses (`llm.threads`), at least 1. Independent
+    branches of the DAG (the four joint systems, the indexes) would otherwise all start together and share two
+    cores six ways."""
+    if cfg.max_parallel_stages is not None:
+        return cfg.max_parallel_stages
+    cpus = cpus or os.cpu_count() or 1
+    threads = (params.get("llm") or {}).get("threads") or 1
+    return max(1, cpus // max(1, int(threads)))
 
 
 class StageFailed(RuntimeError):
@@ -362,6 +376,8 @@ def pipeline(
     selected = [n for level in levels for n in level]
     ups = {n: [u for u in graph[n] if u in selected] for n in selected}
     task_ = run_stage.with_options(retries=cfg.retries, retry_delay_seconds=cfg.retry_delay_s)
+    cap = parallel_stages(cfg, load_params(r / "params.yaml"))
+    print(f"running at most {cap} stage(s) at once (prefect.max_parallel_stages)")
 
     pending, running, futures = list(selected), {}, {}
     done: dict[str, dict] = {}
@@ -372,7 +388,7 @@ def pipeline(
             if any(u in failed or u in skipped for u in ups[n]):
                 skipped.append(n)
                 pending.remove(n)
-            elif all(u in done for u in ups[n]):
+            elif all(u in done for u in ups[n]) and len(running) < cap:
                 futures[n] = running[n] = task_.submit(
                     str(r), stages, n, force, modes[n], cfg.gpu_deployment, wait_for=[futures[u] for u in ups[n]]
                 )

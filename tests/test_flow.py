@@ -242,6 +242,28 @@ def test_independent_stages_overlap_and_failures_are_retried_then_reported(flows
     assert not (repo / "log/after_broken.attempts").exists()
 
 
+def test_a_local_flow_runs_no_more_stages_at_once_than_max_parallel_stages(flows_mod, tmp_path):
+    repo = make_repo(tmp_path / "toy", BRANCHES_DVC, {"step.py": STEP_PY},
+                     {"prefect": prefect_section(max_parallel_stages=1)})
+    state = flows_mod.pipeline(root=str(repo), targets=["left", "right"], return_state=True)
+    assert state.is_completed(), state
+    first, second = sorted((json.loads((repo / f"log/{n}.json").read_text()) for n in ("left", "right")),
+                           key=lambda r: r["start"])
+    assert first["end"] <= second["start"], (first, second)            # one after the other, never together
+
+
+def test_parallel_stages_is_the_param_or_the_cores_one_llm_stage_leaves_room_for(flows_mod):
+    cfg = flows_mod.PrefectParams(**prefect_section())
+    assert flows_mod.parallel_stages(cfg, {"llm": {"threads": 2}}, cpus=2) == 1      # this machine: one at a time
+    assert flows_mod.parallel_stages(cfg, {"llm": {"threads": 2}}, cpus=16) == 8
+    assert flows_mod.parallel_stages(cfg, {"llm": {"threads": 4}}, cpus=2) == 1
+    assert flows_mod.parallel_stages(cfg, {}, cpus=3) == 3
+    assert flows_mod.parallel_stages(flows_mod.PrefectParams(**prefect_section(max_parallel_stages=3)),
+                                     {"llm": {"threads": 2}}, cpus=2) == 3
+    with pytest.raises(Exception, match="max_parallel_stages"):
+        flows_mod.PrefectParams(**prefect_section(max_parallel_stages=0))
+
+
 def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mod, tmp_path, monkeypatch):
     """gpu_mode: deployment. The deployment call is replaced by running the same flow, as the gpu deployment
     would (remote=True, upstream=False), in a separate git clone sharing only the DVC remote."""
