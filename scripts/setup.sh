@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Create (or update) the orchestrator environment in .venv, offline-capable, CPU torch.
-# Usage: scripts/setup.sh [--dev]     (--dev adds the test tools)
+# Create (or update) the orchestrator environment in .venv, offline-capable.
+# Usage: scripts/setup.sh [--dev]     (--dev: the test tools; the lock has them, so it only matters unlocked)
+#
+# Which torch (RAGTEAM_TORCH=cpu|cuda, default cpu):
+#   cpu   exactly requirements.lock (scripts/lock.sh): every package at the version that produced dvc.lock, checked
+#         against its sha256 (pip --no-deps --require-hashes), torch 2.13.0+cpu included. For CPython 3.11 on
+#         x86-64 Linux; elsewhere the ranges of pyproject.toml are installed instead, with a warning.
+#   cuda  PyPI's torch 2.13.0 (a CUDA build, several GB) and pyproject.toml's ranges: not locked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,7 +14,7 @@ extras=""
 [[ "${1:-}" == "--dev" ]] && extras="[dev]"
 stamp=".venv/.ragteam-installed${extras}"
 for s in "$stamp" ".venv/.ragteam-installed[dev]"; do   # a dev install also satisfies a plain one
-  if [[ -f "$s" && "$s" -nt pyproject.toml && "$s" -nt scripts/setup.sh ]]; then
+  if [[ -f "$s" && "$s" -nt pyproject.toml && "$s" -nt scripts/setup.sh && "$s" -nt requirements.lock ]]; then
     echo "setup: .venv is up to date"; exit 0
   fi
 done
@@ -30,12 +36,23 @@ if (( $(as_int "$have") < $(as_int "$lo") || $(as_int "$have") >= $(as_int "$hi"
 fi
 start=$(date +%s)
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q -U pip
-# torch FIRST, pinned to the CPU build: any later resolver run then keeps it instead of pulling CUDA wheels.
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".${extras}"
-# pyserini only for its bundled Anserini fatjar: we drive Lucene through pyjnius, so none of its
-# 50+ runtime deps (openai, onnxruntime, fastmcp, CUDA torch...) are wanted.
-.venv/bin/python -m pip show -q pyserini >/dev/null 2>&1 || .venv/bin/python -m pip install -q --no-deps "pyserini==1.6.0"
+.venv/bin/python -m pip install -q "pip==26.3"
+torch_variant=${RAGTEAM_TORCH:-cpu}
+[[ "$torch_variant" == cpu || "$torch_variant" == cuda ]] || {
+  echo "setup: RAGTEAM_TORCH must be cpu or cuda, not '$torch_variant'" >&2; exit 2; }
+if [[ "$torch_variant" == cpu && "$have" == 3.11 && "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
+  echo "setup: installing requirements.lock (CPU torch, exact versions, hashes checked)"
+  .venv/bin/python -m pip install -q --no-deps --require-hashes -r requirements.lock
+  .venv/bin/python -m pip install -q --no-deps -e .
+else
+  echo "setup: WARNING: no lock for torch=$torch_variant, Python $have, $(uname -s)-$(uname -m): installing" \
+       "pyproject.toml's ranges; versions may differ from the ones that produced dvc.lock" >&2
+  # torch FIRST: any later resolver run then keeps this build instead of choosing one.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".${extras}"
+  # pyserini only for its bundled Anserini fatjar: we drive Lucene through pyjnius, so none of its
+  # 50+ runtime deps (openai, onnxruntime, fastmcp, CUDA torch...) are wanted.
+  .venv/bin/python -m pip install -q --no-deps "pyserini==1.6.0"
+fi
 touch "$stamp"
 echo "setup: done in $(( $(date +%s) - start )) s; .venv is $(du -sh .venv | cut -f1)"

@@ -1,0 +1,69 @@
+"""requirements.lock is the orchestrator environment: every pyproject.toml dependency pinned inside its range, every
+pin hashed, and the environment the tests run in is exactly the lock (what `make test` / `make repro` install)."""
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)==([^\s;\\]+)")
+
+
+def locked(path: Path = ROOT / "requirements.lock") -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, sha256 hashes) from a `uv pip compile --generate-hashes` file."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    name = None
+    for line in path.read_text().splitlines():
+        m = PIN.match(line)
+        if m:
+            name = canonicalize_name(m.group(1))
+            assert name not in out, f"{path.name}: {name} pinned twice"
+            out[name] = (m.group(2), [])
+        elif name and (h := re.search(r"--hash=sha256:([0-9a-f]{64})", line)):
+            out[name][1].append(h.group(1))
+    return out
+
+
+def declared() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]]
+
+
+def test_every_declared_dependency_is_locked_inside_its_range():
+    lock = locked()
+    wrong = []
+    for req in declared():
+        name = canonicalize_name(req.name)
+        if name not in lock:
+            wrong.append(f"{req}: not in requirements.lock")
+        elif not req.specifier.contains(lock[name][0], prereleases=True):
+            wrong.append(f"{req}: locked at {lock[name][0]}")
+    assert not wrong, f"pyproject.toml and requirements.lock disagree (run scripts/lock.sh): {wrong}"
+
+
+def test_every_pin_has_a_hash_and_torch_is_the_cpu_build():
+    lock = locked()
+    assert len(lock) > 150
+    assert not [n for n, (_, hashes) in lock.items() if not hashes]
+    assert lock["torch"][0] == "2.13.0+cpu"
+    assert lock["pyserini"][0] == "1.6.0"            # installed --no-deps with the rest (only its jar is used)
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert "--require-hashes -r requirements.lock" in setup and '"torch==2.13.0"' in setup
+
+
+def test_the_running_environment_is_the_lock():
+    lock = locked()
+    differ = {}
+    for name, (version, _) in lock.items():
+        try:
+            have = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have != version:
+            differ[name] = (version, have)
+    assert not differ, f"this environment is not requirements.lock (locked, installed): {differ}; run make setup"
