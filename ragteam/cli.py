@@ -23,8 +23,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from ragteam.io import DataError
     from ragteam.lineage import LineageError
     from ragteam.models import ModelSourceError
+    from ragteam.registry import RegistryError
 
-    return ParamsError, DataError, LineageError, ModelSourceError, FileNotFoundError
+    return ParamsError, DataError, LineageError, ModelSourceError, RegistryError, FileNotFoundError
 
 
 def fail(e: BaseException) -> typer.Exit:
@@ -99,6 +100,36 @@ def profile_apply(name: str, params: Path = Path("params.yaml")) -> None:
 
     changed = apply_profile(name, params)
     typer.echo(f"{params}: applied profile {name!r} ({len(changed)} values changed)")
+
+
+registry_app = typer.Typer(no_args_is_help=True, help="Versions of the trained agents (GTO tags for dvc artifacts).")
+app.add_typer(registry_app, name="registry")
+
+
+@registry_app.command("register")
+def registry_register(
+    artifact: str = typer.Argument(..., help="an artifact of dvc.yaml, e.g. answer-agent"),
+    version: Optional[str] = typer.Option(None, help="v<major>.<minor>.<patch> (default: the next patch version)"),
+    rev: str = typer.Option("HEAD", help="the commit whose dvc.lock holds the artifact"),
+    message: Optional[str] = typer.Option(None, help="the tag's message"),
+    repo: Path = typer.Option(Path("."), help="the project checkout"),
+) -> None:
+    """Register a version of ARTIFACT: an annotated git tag `<artifact>@<version>` (GTO's format)."""
+    from ragteam.registry import register
+
+    got = register(repo, artifact, version, rev, message)
+    typer.echo(f"registered {got.tag} -> {got.commit[:12]}\n"
+               f"push it: git push origin {got.tag} (and dvc push)\n"
+               f"fetch it: dvc artifacts get <repo url> {got.artifact} --rev {got.version}")
+
+
+@registry_app.command("list")
+def registry_list(artifact: Optional[str] = typer.Argument(None), repo: Path = typer.Option(Path("."))) -> None:
+    """Registered versions (all artifacts, or one), oldest first."""
+    from ragteam.registry import versions
+
+    for v in versions(repo, artifact):
+        typer.echo(f"{v.artifact}\t{v.version}\t{v.commit[:12]}")
 
 
 replicate_app = typer.Typer(no_args_is_help=True, help="Seed replicates of the MAPS training stages.")
