@@ -83,13 +83,27 @@ class DataParams(Strict):
         return v
 
 
+def input_label(p: DataParams, f: Path) -> str:
+    """How the manifest names an input file: as the source spec writes it (`../shared/data/corpus/x.jsonl`), so a
+    temporary experiment, which reads the same file through another path, writes the same manifest."""
+    if not p.source.startswith("mirror:"):
+        return str(f)
+    spec = p.source[len("mirror:"):]
+    root = sources.resolve_mirror_dir(spec)
+    try:
+        return str(Path(spec) / Path(f).relative_to(root))
+    except ValueError:
+        return str(f)
+
+
 def build(p: DataParams, cache_dir: Path) -> sources.Prepared:
     if p.source == "synthetic":
         s = p.synthetic
         return sources.from_synthetic(s.n_passages, s.n_train, s.n_dev, p.seed, s.question_mix)
     if p.source.startswith("mirror:"):
         m = p.mirror
-        return sources.from_mirror(p.source[len("mirror:"):], m.benchmarks, m.train_from, m.train_fraction, p.seed)
+        return sources.from_mirror(sources.resolve_mirror_dir(p.source[len("mirror:"):]), m.benchmarks, m.train_from,
+                                   m.train_fraction, p.seed)
     f = p.flashrag
     return sources.from_flashrag(f.repo, f.datasets, f.split, f.train_split, f.train_from, f.max_eval_rows,
                                  f.max_train_rows, f.corpus, cache_dir)
@@ -130,7 +144,8 @@ def run(p: DataParams, out: Path = OUT, report: Path = REPORT, cache_dir: Path =
             outputs += [(tmp / "train" / "pool.jsonl", "train", lim["train"])]
             reports += check_files(outputs)
             manifest = {"source": p.source, "params": p.model_dump(mode="json"), "counts": counts,
-                        "inputs": {str(f): sha256_file(f) for files in prepared.inputs.values() for f in files},
+                        "inputs": {input_label(p, f): sha256_file(f) for files in prepared.inputs.values()
+                                   for f in files},
                         "files": {str(f.relative_to(tmp)): sha256_file(f) for f in sorted(tmp.rglob("*.jsonl"))}}
             write_json(tmp / "manifest.json", manifest)
     except ValidationFailed as e:

@@ -212,3 +212,26 @@ def test_mirror_benchmark_with_only_a_test_split(tmp_path, shared_data):
     (m / "benchmarks/bamboogle/test.jsonl").unlink()
     with pytest.raises(DataError, match=r"'bamboogle' not found at .*dev\.jsonl or .*test\.jsonl"):
         run(_mirror_params(m), tmp_path / "out2", tmp_path / "r2.json", tmp_path / "c")
+
+
+def test_a_relative_mirror_is_found_from_a_dvc_experiments_temporary_copy(tmp_path, shared_data, monkeypatch):
+    """`dvc exp run --temp` / `--queue` run in <checkout>/.dvc/tmp/exps/...: `mirror:../shared` still means the
+    directory beside the checkout, and the manifest is the one a workspace run writes."""
+    from ragteam.data.sources import checkout_root, resolve_mirror_dir
+
+    checkout = tmp_path / "project"
+    temp = checkout / ".dvc/tmp/exps/standalone/tmpab12cd"
+    temp.mkdir(parents=True)
+    _mirror_copy(tmp_path, shared_data)                        # tmp_path/mirror, beside the checkout
+    assert checkout_root(temp) == checkout and checkout_root(checkout) == checkout
+    assert resolve_mirror_dir("../mirror", temp) == checkout / "../mirror"
+    assert resolve_mirror_dir("../mirror", checkout) == Path("../mirror")           # unchanged outside experiments
+    assert resolve_mirror_dir(tmp_path / "mirror", temp) == tmp_path / "mirror"
+
+    manifests = []
+    for cwd in (checkout, temp):
+        monkeypatch.chdir(cwd)
+        run(_mirror_params("../mirror"), tmp_path / f"out-{cwd.name}", tmp_path / "r.json", tmp_path / "c")
+        manifests.append(json.loads((tmp_path / f"out-{cwd.name}/manifest.json").read_text()))
+    assert manifests[0] == manifests[1]
+    assert all(k.startswith("../mirror/") for k in manifests[0]["inputs"])

@@ -7,6 +7,7 @@ question pool (rows tagged with metadata.source), plus the input files it read (
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -62,6 +63,30 @@ def split_benchmarks(rows_by_name: dict[str, list[dict]], train_from: list[str],
 
 
 MIRROR_SPLITS = ("dev", "test")  # the first that exists is a mirror benchmark's evaluation split
+EXPERIMENT_DIRS = (".dvc", "tmp", "exps")  # DVC runs temporary and queued experiments in <checkout>/.dvc/tmp/exps/...
+
+
+def checkout_root(cwd: str | Path | None = None) -> Path:
+    """The checkout a stage runs for: the working directory, or, inside a DVC temporary or queued experiment
+    (`dvc exp run --temp` / `--queue` run in `<checkout>/.dvc/tmp/exps/<kind>/tmpXXXX`), that checkout."""
+    here = Path(os.path.abspath(cwd or os.getcwd()))
+    parts = here.parts
+    for i in range(len(parts) - len(EXPERIMENT_DIRS) + 1):
+        if parts[i:i + len(EXPERIMENT_DIRS)] == EXPERIMENT_DIRS:
+            return Path(*parts[:i])
+    return here
+
+
+def resolve_mirror_dir(spec: str | Path, cwd: str | Path | None = None) -> Path:
+    """The directory of `mirror:<spec>`. A relative spec means relative to the checkout (the README's
+    `mirror:../shared/data` is the directory beside it), also when the stage runs in an experiment's temporary copy
+    of the checkout, where the same relative path would point into `.dvc/tmp`. Unchanged outside experiments."""
+    p = Path(spec)
+    here = Path(os.path.abspath(cwd or os.getcwd()))
+    root = checkout_root(here)
+    if p.is_absolute() or root == here:
+        return p
+    return root / p
 
 
 def from_mirror(root: str | Path, benchmarks: list[str], train_from: list[str], train_fraction: float,
