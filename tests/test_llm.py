@@ -285,6 +285,20 @@ def test_vllm_backend_without_vllm_installed_says_what_to_do(monkeypatch):
         load_engine("m", EngineConfig(backend="vllm"))
 
 
+def test_runtime_environment_names_the_main_environment_and_its_package_versions():
+    """Lineage from the orchestrator environment: no vllm here, so "main", this interpreter, the installed versions
+    (read from the distributions, so a test's stand-in `vllm` module does not make it a worker)."""
+    from importlib.metadata import version
+
+    from ragteam.llm.environment import runtime_environment
+
+    env = runtime_environment()
+    assert (env["env"], env["vllm_dist"], env["packages"]["vllm"]) == ("main", None, None)
+    assert env["interpreter"] == sys.executable and env["prefix"] == sys.prefix
+    assert env["packages"]["torch"] == version("torch") and env["packages"]["transformers"] == version("transformers")
+    assert env["python"] == ".".join(map(str, sys.version_info[:3]))
+
+
 def test_adapter_and_weight_directories_are_checked_before_vllm_sees_them(tmp_path):
     """A bad LoRA request or weight path inside vLLM's engine process kills the engine for good (notes in
     ragteam/llm/vllm_backend.py): each defect is reported here, naming the path and what is wrong."""
@@ -313,7 +327,13 @@ def test_adapter_and_weight_directories_are_checked_before_vllm_sees_them(tmp_pa
     w.mkdir()
     with pytest.raises(ValueError, match=f"{w}: no \\*.safetensors"):
         check_weights_dir(w)
-    (w / "model.safetensors").write_bytes(b"")
+    (w / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="model.safetensors: not a readable safetensors file"):
+        check_weights_dir(w)
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.weight": torch.zeros(2, 2)}, str(w / "model.safetensors"))
     assert check_weights_dir(w) == w
     # vLLM takes only some max_lora_rank values: the smallest that holds the adapter
     assert [lora_rank_slot(r) for r in (1, 4, 8, 16, 17, 512)] == [1, 8, 8, 16, 32, 512]

@@ -47,8 +47,9 @@ def policy_engine(backend: Literal["live", "vllm"], policy, tokenizer, model_pat
         return HFPolicy(policy, tokenizer, model_path, cfg, base_loader)
     from ragteam.llm.vllm_backend import VLLMEngine, VLLMPolicy
 
-    rank = policy.peft_config[policy.active_adapter].r if hasattr(policy, "peft_config") else None
-    return VLLMPolicy(VLLMEngine(model_path, cfg, max_lora_rank=rank), workdir, base_loader)
+    lora = hasattr(policy, "peft_config")
+    rank = policy.peft_config[policy.active_adapter].r if lora else None
+    return VLLMPolicy(VLLMEngine(model_path, cfg, max_lora_rank=rank), workdir, base_loader, lora=lora)
 
 
 class Rollouts:

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, call_seed, continues_assistant
+from ragteam.llm.environment import runtime_environment
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks: max_lora_rank must be one
@@ -91,8 +92,17 @@ def check_weights_dir(weights_dir: str | Path) -> Path:
     d = Path(weights_dir)
     if not d.is_dir():
         raise ValueError(f"weights {d}: not a directory")
-    if not any(d.glob("*.safetensors")):
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
         raise ValueError(f"weights {d}: no *.safetensors file (save the model with save_pretrained)")
+    from safetensors import safe_open
+
+    for f in files:  # the header only: a truncated or foreign file fails here, not inside the engine
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                h.keys()
+        except Exception as e:
+            raise ValueError(f"weights {f}: not a readable safetensors file ({e})") from None
     return d
 
 
@@ -122,11 +132,18 @@ class VLLMEngine:
         self.max_lora_rank = lora_rank_slot(max_lora_rank) if max_lora_rank else None
         if self.max_lora_rank:
             kw.update(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=1)
+        # load_weights sends a function to the engine's worker (_retie_output_embeddings); vLLM pickles functions
+        # between its own processes only when this is set
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         try:
             self.llm = vllm.LLM(**kw)
         except Exception as e:
             raise RuntimeError(f"vLLM could not start on {self.model_path}: {type(e).__name__}: {e}") from e
         self._lora, self._lora_id, self._lora_on = None, 0, True
+        # lineage for whatever this engine generates: which environment and package versions, which settings
+        self.metadata = {"engine": "vllm", "model": self.model_path, "dtype": kw["dtype"], "seed": kw["seed"],
+                         "enforce_eager": kw.get("enforce_eager", False), "max_lora_rank": self.max_lora_rank,
+                         "environment": runtime_environment()}
 
     def load_lora(self, adapter_dir: str | Path) -> None:
         """Generate with the LoRA adapter saved in `adapter_dir` from now on. The adapter is checked and loaded into
@@ -148,12 +165,19 @@ class VLLMEngine:
             self._engine_call(self.llm.llm_engine.remove_lora, self._lora.lora_int_id)
         self._lora, self._lora_id = req, self._lora_id + 1
 
+    def unload_lora(self) -> None:
+        """Generate with the base model again and free the adapter's memory in the engine."""
+        if self._lora is not None:
+            self._engine_call(self.llm.llm_engine.remove_lora, self._lora.lora_int_id)
+            self._lora = None
+
     def load_weights(self, weights_dir: str | Path) -> None:
         """Replace the model's weights with the checkpoint in `weights_dir` (safetensors, HF names), in place: no
         restart, the KV cache and compiled graphs are kept; cached prefixes of the old weights are dropped."""
         d = check_weights_dir(weights_dir)
         self._engine_call(self.llm.collective_rpc, "reload_weights",
                           kwargs=dict(weights_path=str(d.resolve()), is_checkpoint_format=True))
+        self._engine_call(self.llm.collective_rpc, _retie_output_embeddings)
         self.llm.reset_prefix_cache()
 
     @contextmanager
@@ -220,13 +244,15 @@ class _BaseView:
 
 class VLLMPolicy:
     """A trainer's policy on a vLLM engine (`ragteam.llm.policy.PolicyEngine`): `sync` saves the trainer's weights
-    under `workdir` and hands them over: the LoRA adapter (`load_lora`) when the engine was started with LoRA, else
-    the full weights (`load_weights`, an in-place reload). `base()`: the same engine without its adapter (LoRA), or
-    (full fine-tuning, whose reloads overwrite the base) a second engine on `model_path` from `base_loader`."""
+    under `workdir` and hands them over: its LoRA adapter (`lora`: `load_lora`) or its full weights (`load_weights`,
+    an in-place reload). `base()`: the same engine without its adapter (LoRA), or (full fine-tuning, whose reloads
+    overwrite the base) a second engine on `model_path` from `base_loader`."""
 
-    def __init__(self, engine: VLLMEngine, workdir: str | Path, base_loader):
-        self.engine, self.model_path, self.workdir = engine, engine.model_path, Path(workdir)
-        self.lora = engine.max_lora_rank is not None
+    def __init__(self, engine: VLLMEngine, workdir: str | Path, base_loader, lora: bool):
+        if lora and engine.max_lora_rank is None:
+            raise ValueError(f"vLLM policy on {engine.model_path}: LoRA sync needs an engine started with "
+                             "max_lora_rank")
+        self.engine, self.model_path, self.workdir, self.lora = engine, engine.model_path, Path(workdir), lora
         self._base_loader, self._base, self._synced = base_loader, None, 0
 
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
@@ -238,9 +264,9 @@ class VLLMPolicy:
 
         is_peft = hasattr(policy, "peft_config")
         if is_peft != self.lora:
-            raise ValueError(f"vLLM policy on {self.model_path}: the engine was started "
-                             f"{'with' if self.lora else 'without'} LoRA but the policy is "
-                             f"{'a peft (LoRA) model' if is_peft else 'a plain model'}")
+            syncs = "LoRA adapters" if self.lora else "full weights"
+            got = "a peft (LoRA) model" if is_peft else "a plain model"
+            raise ValueError(f"vLLM policy on {self.model_path}: it syncs {syncs} but the policy is {got}")
         d = self.workdir / f"sync-{self._synced + 1}"
         if d.exists():
             shutil.rmtree(d)
@@ -263,6 +289,22 @@ class VLLMPolicy:
         if self._base is not None and hasattr(self._base, "close"):
             self._base.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _retie_output_embeddings(worker) -> None:
+    """Runs in vLLM's worker after an in-place reload: a model with tied embeddings (SmolLM2) gets its output layer
+    tied to the reloaded input embeddings again. vLLM 0.32's layerwise reload loads `embed_tokens` and puts the
+    output layer's old tensor back ("ParallelLMHead: Failed to load weights"): every later token would be scored
+    with the previous step's embeddings (tests/worker caught it diverging from HF after a dozen tokens). On CPU the
+    output layer multiplies with a copy prepared at load time, so it is prepared again from the tied weight."""
+    model = worker.model_runner.get_model()
+    if not getattr(worker.model_runner.model_config.hf_config, "tie_word_embeddings", False):
+        return
+    embed = model.model.embed_tokens
+    embed = getattr(embed, "base_layer", embed)     # wrapped when the engine runs with LoRA
+    head = model.lm_head
+    head.weight = embed.weight
+    head.quant_method.process_weights_after_loading(head)   # the CPU build scores with a prepacked copy of it
 
 
 def _engine_dead_errors() -> tuple[type[BaseException], ...]:
