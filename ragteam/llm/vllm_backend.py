@@ -300,9 +300,14 @@ def _retie_output_embeddings(worker) -> None:
     model = worker.model_runner.get_model()
     if not getattr(worker.model_runner.model_config.hf_config, "tie_word_embeddings", False):
         return
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
     embed = model.model.embed_tokens
     embed = getattr(embed, "base_layer", embed)     # wrapped when the engine runs with LoRA
     head = model.lm_head
+    if not isinstance(head.quant_method, UnquantizedEmbeddingMethod):   # its processing is not ours to redo
+        raise NotImplementedError(f"reloading a quantized model with tied embeddings "
+                                  f"({type(head.quant_method).__name__}): its output layer would stay stale")
     head.weight = embed.weight
     head.quant_method.process_weights_after_loading(head)   # the CPU build scores with a prepacked copy of it
 
