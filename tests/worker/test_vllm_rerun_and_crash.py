@@ -1,0 +1,56 @@
+"""A second engine, as a rerun gets: it reproduces the first one's samples; then its process is killed and every
+call fails at once with an error naming the model (no hang)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from ragteam.llm import SamplingConfig
+from ragteam.llm.vllm_backend import EngineDead, VLLMEngine
+
+from vllm_helpers import LORA_RANK, engine_config
+
+
+@pytest.mark.timeout(600)
+def test_a_rerun_reproduces_the_samples_and_a_killed_engine_fails_clearly(vllm_engine, smollm2_dir, rag_prompts,
+                                                                         tmp_path):
+    seeded = SamplingConfig(max_new_tokens=16, temperature=1.0, n=2, seed=7)
+    greedy = SamplingConfig(max_new_tokens=16)
+    first = [vllm_engine.generate(rag_prompts, s) for s in (seeded, greedy)]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rerun = VLLMEngine(str(smollm2_dir), engine_config(), max_lora_rank=LORA_RANK)
+    mine = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    try:
+        again = [rerun.generate(rag_prompts, s) for s in (seeded, greedy)]
+        assert tokens(again) == tokens(first)
+        # log-probs agree to float noise only: the CPU kernels' sums differ by ~1e-7 from one batch to the next
+        for a, b in zip(logprobs(again), logprobs(first)):
+            assert a == pytest.approx(b, abs=1e-4)
+        core = [p for p in mine if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+        assert len(core) == 1, [(p.pid, p.name()) for p in mine]
+        os.kill(core[0].pid, signal.SIGKILL)
+        core[0].wait(timeout=30)
+        t0 = time.perf_counter()
+        with pytest.raises(EngineDead, match=f"vLLM engine on {smollm2_dir} has died"):
+            rerun.generate(rag_prompts[:1], greedy)
+        with pytest.raises(EngineDead, match="cannot be used again"):
+            rerun.generate(rag_prompts[:1], greedy)
+        assert time.perf_counter() - t0 < 30                     # fails, does not wait for a dead process
+    finally:
+        for p in mine:                                             # the engine's worker, if it outlived its core
+            if p.is_running():
+                p.kill()
+    assert tokens([vllm_engine.generate(rag_prompts, greedy)]) == tokens(first[1:])  # the other engine is untouched
+
+
+def tokens(calls) -> list:
+    """Each completion's text and ids, call by call, prompt by prompt."""
+    return [[[(c.text, c.token_ids) for c in o] for o in call] for call in calls]
+
+
+def logprobs(calls) -> list[float]:
+    return [lp for call in calls for o in call for c in o for lp in c.logprobs]
