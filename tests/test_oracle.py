@@ -244,3 +244,27 @@ def test_every_oracle_output_fits_its_roles_budget(profile, mask_built, qagent_b
             if budget < n:
                 short.append(f"llm.sampling.{role}.max_new_tokens is {budget}, the oracle's longest output needs {n}")
     assert not short, f"{profile} profile:\n" + "\n".join(short)
+
+
+# ---- the command -------------------------------------------------------------------------------------------------
+
+def test_cli_writes_validated_traces_and_a_summary_and_refuses_evaluation_questions(data, smollm2_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from ragteam.cli import app
+
+    d = data["dir"]
+    write_jsonl(tmp_path / "pool.jsonl", data["sample"][:12])
+    args = ["oracle-traces", "qagent", "--pool", str(tmp_path / "pool.jsonl"), "--corpus", str(d / "corpus.jsonl"),
+            "--index", str(d / "bm25s"), "--benchmarks", str(d / "benchmarks"), "--model", str(smollm2_dir),
+            "--params", str(REPO / "params.yaml"), "--out", str(tmp_path / "warmup" / "qagent")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "warmup" / "qagent" / "summary.json").read_text())
+    rows = T.read_traces(tmp_path / "warmup" / "qagent" / "traces.jsonl", oracle_system("qagent", PARAMS))
+    assert summary["questions"] == 12 and summary["rows"] == len(rows) > 0
+    assert f"{summary['complete']}/12 questions traced" in res.output
+
+    write_jsonl(tmp_path / "pool.jsonl", [*data["sample"][:2], data["dev"][0]])
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1 and "evaluation questions" in res.output and data["dev"][0]["id"] in res.output
