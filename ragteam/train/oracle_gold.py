@@ -12,8 +12,10 @@ Sources (the training pool's `metadata`, FlashRAG format):
   `World._<kind>_passage`). Sub-questions use the wording of the generator's own one-hop questions
   (`World._q_film_director` etc.), since the gold says nothing about a plan's wording; a hop's `statement` is its
   fact in the fewest words (entity, relation, sub-answer), for outputs that restate rather than quote it.
-- HotpotQA (`supporting_titles`/`supporting_facts`) and 2Wiki (`evidences` triples) are not read yet: their rows
-  raise `GoldError`, and the builder counts them as questions without gold.
+- 2WikiMultihopQA: `evidences` triples in reasoning order (`wiki2_gold`).
+- HotpotQA (`supporting_titles`/`supporting_facts`: no hop order, no bridge entity, sentence ids of its own
+  paragraphs) and MuSiQue are not read yet: their rows raise `GoldError`, and the builder counts them as questions
+  without gold.
 
 A chain is checked against the question before use: every bridge hop's sub-answer is the next hop's passage
 title and the last bridge hop's sub-answer is the golden answer; a row whose passages do not say so raises
@@ -32,10 +34,15 @@ class GoldError(ValueError):
     """A training row whose annotations give no usable hop chain (names the row and why)."""
 
 
+def bare(name: str) -> str:
+    """A name compared as an entity: case-folded, without a trailing qualifier ("Charles Saunders (director)")."""
+    return re.sub(r"\s*\([^()]*\)$", "", name).casefold()
+
+
 @dataclass(frozen=True)
 class Hop:
     passage_id: str
-    title: str       # the gold passage's title: the entity this hop searches for
+    title: str       # the entity this hop searches for (the gold passage's title, or 2Wiki's triple subject)
     question: str    # the sub-question the hop answers
     answer: str      # the sub-answer: a span of the passage (the next entity, an attribute, or the golden answer)
     fact: str        # the sentence of the passage that states `answer`
@@ -53,7 +60,7 @@ class Gold:
     def depends_on(self, i: int) -> int | None:
         """The earlier hop whose sub-answer names hop i's entity (None: the question itself names it)."""
         for j in range(i):
-            if self.hops[j].answer == self.hops[i].title:
+            if bare(self.hops[j].answer) == bare(self.hops[i].title):
                 return j
         return None
 
@@ -136,11 +143,61 @@ def synthetic_gold(row: dict, passages: Mapping[str, str]) -> Gold:
         if chain[0] != chain[1] or hops[-1].answer != gold.answer:
             raise GoldError(f"row {rid}: the hops {[(h.title, h.answer) for h in hops]} do not lead to the "
                             f"golden answer {gold.answer!r}")
-    for i, h in enumerate(hops):
-        if gold.depends_on(i) is None and h.title not in gold.question:
-            raise GoldError(f"row {rid}: hop {i + 1} ({h.title!r}) is neither named by the question nor by an "
-                            f"earlier hop")
+    _check_entities(gold)
     return gold
+
+
+# ---- 2WikiMultihopQA ----------------------------------------------------------------------------------------------
+
+WIKI2_CHAINS = ("compositional", "inference")   # types whose last evidence object is the answer
+
+
+def _wiki_sentences(text: str) -> list[str]:
+    return [" ".join(s.split()) for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+
+
+def wiki2_gold(row: dict, passages: Mapping[str, str]) -> Gold:
+    """The hop chain of a 2WikiMultihopQA row: one hop per `evidences` triple (subject, relation, object), in the
+    dataset's order (the reasoning path). The hop's passage is the supporting passage titled by the subject
+    (`Subject` or `Subject (qualifier)`) whose text states the object; its fact is the first sentence that does,
+    its sub-answer the object as that sentence writes it. Sub-question and statement are the triple in words
+    ("What is the director of X?", "The director of X is Y.": 2Wiki's relations are Wikidata property labels),
+    since the gold says nothing about their wording. `passages`: id -> contents, the supporting titles' at least."""
+    rid, meta = str(row["id"]), row.get("metadata") or {}
+    triples, titles = meta.get("evidences") or [], meta.get("supporting_titles") or []
+    by_title: dict[str, list[tuple[str, str]]] = {}
+    for pid, contents in passages.items():
+        t, text = split_contents(contents)
+        by_title.setdefault(t.casefold(), []).append((pid, text))
+    hops = []
+    for subj, rel, obj in triples:
+        names = [t for t in titles
+                 if t.casefold() == subj.casefold() or t.casefold().startswith(f"{subj} (".casefold())]
+        found = [(pid, s) for t in names for pid, text in by_title.get(t.casefold(), [])
+                 for s in _wiki_sentences(text) if obj.casefold() in s.casefold()]
+        if not found:
+            raise GoldError(f"row {rid}: no supporting passage of {subj!r} states its {rel} {obj!r}")
+        pid, fact = found[0]
+        at = fact.casefold().index(obj.casefold())
+        answer = fact[at:at + len(obj)]
+        hops.append(Hop(pid, subj, f"What is the {rel} of {subj}?", answer, fact, f"{subj} {rel}",
+                        f"The {rel} of {subj} is {answer}."))
+    if not hops:
+        raise GoldError(f"row {rid}: no evidences triples")
+    gold = Gold(rid, row["question"], row["golden_answers"][0], tuple(hops))
+    if meta.get("type") in WIKI2_CHAINS and hops[-1].answer.casefold() not in {a.casefold()
+                                                                               for a in row["golden_answers"]}:
+        raise GoldError(f"row {rid}: the last evidence {hops[-1].answer!r} is not a golden answer "
+                        f"{row['golden_answers']}")
+    _check_entities(gold)
+    return gold
+
+
+def _check_entities(gold: Gold) -> None:
+    for i, h in enumerate(gold.hops):
+        if gold.depends_on(i) is None and bare(h.title) not in gold.question.casefold():
+            raise GoldError(f"row {gold.question_id}: hop {i + 1} ({h.title!r}) is neither named by the question "
+                            f"nor by an earlier hop")
 
 
 def gold_chain(row: dict, passages: Mapping[str, str]) -> Gold:
@@ -148,6 +205,8 @@ def gold_chain(row: dict, passages: Mapping[str, str]) -> Gold:
     meta = row.get("metadata") or {}
     if meta.get("supporting_ids") and meta.get("template"):
         return synthetic_gold(row, passages)
-    kinds = [k for k in ("supporting_facts", "evidences", "question_decomposition") if k in meta]
+    if meta.get("evidences"):
+        return wiki2_gold(row, passages)
+    kinds = [k for k in ("supporting_facts", "question_decomposition") if k in meta]
     raise GoldError(f"row {row.get('id')}: no hop-ordered gold the oracle reads"
                     + (f" (its {', '.join(kinds)} are not read yet)" if kinds else " (metadata has none)"))

@@ -10,8 +10,9 @@ response ended with EOS; False when a stop string ended it, and the stop string 
 its role's own parser when it is built and when it is read (`validate_row`).
 
 Only complete episodes become rows (`OracleSystem.incomplete`): every call parsed, every reward at its top, the
-gold answer given. The others are counted by reason in the summary, whose `yield` is the share of questions
-with a complete trace.
+gold answer given, and no output cut by its role's `max_new_tokens` (a cut that leaves a parsable text would
+still teach an output without its EOS). The others are counted by reason in the summary, whose `yield` is the share
+of questions with a complete trace.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def refuse_evaluation_rows(rows: Sequence[dict], evaluation: tuple[set[str], set
                         f"the training pool only")
 
 
-# ---- build -------------------------------------------------------------------------------------------------------------
+# ---- build -------------------------------------------------------------------------------------------------------
 
 def trace_rows(system: OracleSystem, ep: Episode) -> list[dict]:
     return [{"system": system.name, "role": c.role, "question_id": ep.question_id, "messages": c.prompt,
@@ -87,7 +88,8 @@ def build_traces(system: OracleSystem, rows: Sequence[dict], retriever: Retrieve
         system.annotate(eps)
         ep = eps[0]
         ep.meta.update(hops=len(gold.hops), gold_ids=[h.passage_id for h in gold.hops])
-        reason = system.incomplete(ep)
+        cut = [c.role for c in ep.calls if c.finish_reason == "length"]
+        reason = f"cut at max_new_tokens in {cut[0]}" if cut else system.incomplete(ep)
         ep.meta["oracle"] = reason or "complete"
         episodes.append(ep)
         if reason:
@@ -161,9 +163,13 @@ def read_traces(path: str | Path, system: OracleSystem) -> list[dict]:
     return out
 
 
-def load_passages(corpus: str | Path, ids: set[str]) -> dict[str, str]:
-    """id -> contents of the corpus rows in `ids` (one streamed pass)."""
-    return {r["id"]: r["contents"] for r in iter_corpus(corpus) if r["id"] in ids}
+def load_passages(corpus: str | Path, rows: Sequence[dict]) -> dict[str, str]:
+    """id -> contents of the corpus rows the training rows' gold names (`supporting_ids`, or `supporting_titles`
+    for datasets that name passages by title), in one streamed pass."""
+    ids = {p for r in rows for p in (r.get("metadata") or {}).get("supporting_ids") or []}
+    titles = {t for r in rows for t in (r.get("metadata") or {}).get("supporting_titles") or []
+              if not (r.get("metadata") or {}).get("supporting_ids")}
+    return {r["id"]: r["contents"] for r in iter_corpus(corpus) if r["id"] in ids or r["title"] in titles}
 
 
 def write_system_traces(system_name: str, pool: str | Path, corpus: str | Path, retriever: Retriever,
@@ -175,8 +181,7 @@ def write_system_traces(system_name: str, pool: str | Path, corpus: str | Path, 
     rows = list(iter_qa(pool))
     if max_questions:
         rows = rows[:max_questions]
-    need = {p for r in rows for p in (r.get("metadata") or {}).get("supporting_ids") or []}
-    traces, _eps, summary = build_traces(system, rows, retriever, load_passages(corpus, need), tokenizer, params,
+    traces, _eps, summary = build_traces(system, rows, retriever, load_passages(corpus, rows), tokenizer, params,
                                          evaluation_questions(benchmarks))
     out = Path(out_dir)
     write_traces(out / "traces.jsonl", traces, system)
