@@ -168,6 +168,21 @@ def test_mask_oracle_searches_each_hop_by_its_sub_question(mask_built, data):
     assert ep.queries[:2] == [gold.hops[0].question, gold.hops[1].question]
 
 
+def test_mask_oracle_with_the_papers_initial_trajectory_of_the_question_alone(data, tok):
+    """`mask.initial_trajectory: question` (the paper profile's K_0 = [(q, a_0)]): no plan step to replace, so
+    evidence is added (a one-hop question's evidence replaces t1, whose query is its sub-question), and the Answer reads the gold from t1's a_0 while the hops' sub-answers are still missing."""
+    params = deep_merge(PARAMS, {"mask": {"initial_trajectory": "question"}})
+    system = oracle_system("mask", params)
+    rows, eps, summary = T.build_traces(system, data["sample"], data["retriever"], data["passages"], tok, params,
+                                        T.evaluation_questions(data["dir"] / "benchmarks"))
+    assert summary["yield"] == 1.0
+    for r in (r for r in rows if r["role"] == M.UPDATE):   # only a one-hop question's step t1 is its sub-question
+        user = r["messages"][-1]["content"]
+        replaces = user.split("\nNew query: ")[1].split("\nEvidence: ")[0] in user.split("\n")[0]
+        assert r["response"] == ("<Update>t1</Update>" if replaces else f"<Add>t{user.count(' | A: ') + 1}</Add>")
+    assert all(c.reward == 1.0 for ep in eps for c in ep.calls if c.role == M.ANSWER)
+
+
 # ---- QAgent --------------------------------------------------------------------------------------------------------
 
 def test_qagent_oracle_turns_parse_and_earn_eq7_reward_1(qagent_built, data):

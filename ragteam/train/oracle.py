@@ -179,9 +179,13 @@ def mask_update(gold: Gold, messages: Messages) -> str:
 
 
 def mask_answer(gold: Gold, messages: Messages) -> str:
-    """Answer: the golden answer when K states every hop's sub-answer (F1 = 1, Eq. 2), else `unkown`."""
+    """Answer: the golden answer (F1 = 1, Eq. 2) when K states it (as a step's answer: K_0 = [(q, a_0)] with
+    `mask.initial_trajectory: question`) or states every hop's sub-answer it follows from (a comparison's
+    yes / no is written nowhere), else `unkown`."""
     trajectory = _field(_user(messages), "Thinking trajectory: ", None)
-    known = all(contains_answer(trajectory, [h.answer]) for h in gold.hops)
+    answers = [a for _q, a in _mask_steps(trajectory)]
+    known = (any(exact_match(a, [gold.answer]) for a in answers)
+             or all(contains_answer(trajectory, [h.answer]) for h in gold.hops))
     return f"<predicted_answer>{gold.answer if known else M.UNKNOWN}</predicted_answer>"
 
 
