@@ -11,6 +11,9 @@
   registers them), on one policy-gradient core (`pg`) and pluggable advantage estimators (`advantages`);
 - `qagent.train_qagent`: QAgent's two-stage multi-turn GRPO as a system of that loop (one sample per trajectory,
   injected tokens masked, group advantages, Eq. 3 loss);
+- `oracle`, `oracle_gold`, `oracle_traces`: the format warm-up's data: an oracle team plays every role of a joint
+  system (M-ASK, QAgent) from a training question's gold hops through the rollouts' workflow, and its calls
+  become validated SFT rows (`ragteam oracle-traces`);
 - `openrlhf`: datasets, reward-function file and Ray / DeepSpeed commands for a GPU cluster;
 - `checkpoints`, `curves`, `model_card`: resume, the saved agent, DVC plots and the model card.
 Heavy imports (torch, transformers, trl, peft) happen inside the functions that need them.

@@ -6,8 +6,12 @@
 A row is one role call: {"system", "role", "question_id", "messages" (the prompt as the workflow sent it),
 "response" (the text the role wrote, a kept stop string included, as `AgentCall.response`), "eos" (whether the
 response ended with EOS; False when a stop string ended it, and the stop string is the response's end),
-"turn", "reward", "response_tokens" (SmolLM2 ids the engine counted, EOS included)}. Every row is re-parsed with
-its role's own parser when it is built and when it is read (`validate_row`).
+"turn", "reward" (the call's reward from the system's own reward function; QAgent's Eq. 7 is one reward per
+trajectory, on its last turn, None on the others), "response_tokens" (the project tokenizer's ids the engine
+counted, EOS included)}. SFT on a row: the prompt is `messages` under the chat template (`ragteam.llm.chat_text`:
+QAgent's later turns continue the assistant message, whose <information> blocks are prompt, not target), the target
+is `response`, followed by EOS only where `eos` is true. Every row is re-parsed with its role's own parser when
+it is built and when it is read (`validate_row`).
 
 Only complete episodes become rows (`OracleSystem.incomplete`): every call parsed, every reward at its top, the
 gold answer given, and no output cut by its role's `max_new_tokens` (a cut that leaves a parsable text would
