@@ -380,10 +380,12 @@ def oracle_traces(
 
     from ragteam.config import load_params
     from ragteam.retrieval import open_retriever
+    from ragteam.train.oracle import oracle_system
     from ragteam.train.oracle_traces import write_system_traces
 
     try:
         p = load_params(params)
+        oracle_system(system, p)          # an unknown system fails here, before the tokenizer and index load
         tok = AutoTokenizer.from_pretrained(str(model or p["llm"]["model"]))
         retriever = open_retriever(index or p["joint"]["retriever"], corpus=corpus)
         summary = write_system_traces(system, pool, corpus, retriever, benchmarks, tok, p,
