@@ -13,13 +13,14 @@ Sources (the training pool's `metadata`, FlashRAG format):
   (`World._q_film_director` etc.), since the gold says nothing about a plan's wording; a hop's `statement` is its
   fact in the fewest words (entity, relation, sub-answer), for outputs that restate rather than quote it.
 - 2WikiMultihopQA: `evidences` triples in reasoning order (`wiki2_gold`).
-- HotpotQA (`supporting_titles`/`supporting_facts`: no hop order, no bridge entity, sentence ids of its own
-  paragraphs) and MuSiQue are not read yet: their rows raise `GoldError`, and the builder counts them as questions
-  without gold.
+- HotpotQA (`supporting_titles`/`supporting_facts` name the supporting sentences, but no sub-question, relation
+  or bridge entity, so neither a plan nor a search query follows from them) and MuSiQue are not read yet: their
+  rows raise `GoldError`, and the builder counts them as questions without gold.
 
-A chain is checked against the question before use: every bridge hop's sub-answer is the next hop's passage
-title and the last bridge hop's sub-answer is the golden answer; a row whose passages do not say so raises
-GoldError (never a trace built on a chain that does not lead to the answer).
+A chain is checked against the question before use: a synthetic bridge hop's sub-answer is the next hop's passage
+title, the last hop of a chain (synthetic bridge, 2Wiki compositional / inference) ends in the golden answer, and
+every hop's entity is named by the question or by an earlier hop; a row that fails raises GoldError (never a
+trace built on a chain that does not lead to the answer).
 """
 from __future__ import annotations
 
