@@ -362,6 +362,40 @@ def ask(
             typer.echo(f"   [{call.role}] {call.response.strip()[:200]!r} {status}")
 
 
+@app.command("oracle-traces")
+def oracle_traces(
+    system: str = typer.Argument(..., help="a joint system with an oracle (ragteam.warmup.oracle.SYSTEMS)"),
+    pool: Path = typer.Option(Path("data/prepared/train/pool.jsonl"), help="training pool (FlashRAG QA rows)"),
+    corpus: Path = typer.Option(Path("data/prepared/corpus.jsonl"), help="corpus JSONL (the gold passages)"),
+    index: Optional[str] = typer.Option(None, help="index dir or http(s) service (default: joint.retriever)"),
+    benchmarks: Path = typer.Option(Path("data/prepared/benchmarks"), help="evaluation benchmarks: refused"),
+    model: Optional[Path] = typer.Option(None, help="model dir whose tokenizer counts tokens (default: llm.model)"),
+    params: Path = typer.Option(Path("params.yaml"), help="params file (llm.sampling, the system's section)"),
+    out: Optional[Path] = typer.Option(None, help="output dir (default: data/warmup/<system>)"),
+    max_questions: int = typer.Option(0, help="first n questions of the pool; 0 = all"),
+) -> None:
+    """Write SYSTEM's oracle traces (issue 25 §1): OUT/traces.jsonl, one validated row per role call, and
+    OUT/summary.json (yield, rows per role, longest output per role against its budget)."""
+    from transformers import AutoTokenizer
+
+    from ragteam.config import load_params
+    from ragteam.retrieval import open_retriever
+    from ragteam.warmup.oracle import oracle_system
+    from ragteam.warmup.traces import write_system_traces
+
+    try:
+        p = load_params(params)
+        oracle_system(system, p)          # an unknown system fails here, before the tokenizer and index load
+        tok = AutoTokenizer.from_pretrained(str(model or p["llm"]["model"]))
+        retriever = open_retriever(index or p["joint"]["retriever"], corpus=corpus)
+        summary = write_system_traces(system, pool, corpus, retriever, benchmarks, tok, p,
+                                      out or Path("data/warmup") / system, max_questions)
+    except (ValueError, OSError) as e:
+        raise fail(e)
+    typer.echo(f"{system}: {summary['complete']}/{summary['questions']} questions traced (yield {summary['yield']}), "
+               f"{summary['rows']} rows; dropped {summary['dropped'] or 'none'}")
+
+
 def main() -> None:  # pragma: no cover
     app()
 
