@@ -130,6 +130,20 @@ def load_scores(scores_file: Path, system: str) -> tuple[list[str], dict[str, li
     return ids, {k: v for k, v in scores.items() if None not in v}, sizes
 
 
+def top_answer(scores_file: Path, system: str) -> dict:
+    """The system's most common final answer over both benchmarks (normalised as EM normalises it) and the share of
+    questions that got it: a stub that replaced silence ("The answer is 1" on a fifth of the questions) has the
+    same answer for unrelated questions, which no score column shows."""
+    from collections import Counter
+
+    from ragteam.eval.metrics import normalize_answer
+
+    kept = json.loads(scores_file.read_text())[system]
+    answers = [normalize_answer(r["answer"] or "") for b in BENCHMARKS for r in kept[b]]
+    answer, count = Counter(answers).most_common(1)[0]
+    return {"answer": answer, "count": count, "n": len(answers), "share": round(100 * count / len(answers), 2)}
+
+
 def summarize(out: Path, seeds: list[int], resamples: int = 10_000) -> dict:
     import numpy as np
 
@@ -179,6 +193,9 @@ def summarize(out: Path, seeds: list[int], resamples: int = 10_000) -> dict:
                 "trained": triple(statistic_interval(pooled, gs, resamples)),
                 "diff": [d.diff, d.lo, d.hi], "diff_excludes_zero": d.significant,
                 "diff_per_seed": per, "over_seeds": seed_summary(per).to_dict()}  # mean ± sd, t-interval
+    result["top_answer"] = {f"{UNTRAINED} ({result_from})": top_answer(have[0] / "scores.json", UNTRAINED),
+                            **{f"{TRAINED} (seed{s})": top_answer(out / f"seed{s}" / "scores.json", TRAINED)
+                               for s in seeds}}
     (out / "team.json").write_text(json.dumps(result, indent=1))
     (out / "team.md").write_text(table(result))
     return result
@@ -204,6 +221,11 @@ def table(r: dict) -> str:
             per = ", ".join(f"{x:+.2f}" for x in p["diff_per_seed"]).replace("-", "−")
             lines.append(f"| {LABEL[k]} | {names[b]} | {p['untrained'][0]:.2f} | {p['trained'][0]:.2f} | {per} | "
                          f"{over_seeds(p['over_seeds'])} | {iv(p['diff'], p['diff_excludes_zero'])} |")
+    if r.get("top_answer"):
+        lines += ["", "| run | most common final answer (normalised) | questions with it |", "|---|---|---:|"]
+        for run, t in r["top_answer"].items():
+            shown = repr(t["answer"]) if t["answer"] else "(none)"
+            lines.append(f"| {run} | {shown} | {t['count']} of {t['n']} ({t['share']:.1f} %) |")
     return "\n".join(lines) + "\n"
 
 

@@ -249,6 +249,25 @@ def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
     md = (tmp_path / "team.md").read_text()
     assert "| EM | Avg | 0.00 | 25.00 | +35.00, +15.00 | +25.00 ± 14.14 [" in md and "| **+25.00 [" in md
     assert pooled["avg"]["no_answer"]["diff"][0] == 0.0 and "| No answer % | Avg | 0.00 | 0.00 |" in md
+    # every answer differs ("a0", "a1", ...): the most common one holds 2 of 40 (a<i> once per benchmark)
+    assert r["top_answer"]["maps (seed0)"] == {"answer": "a0", "count": 2, "n": 40, "share": 5.0}
+    assert "| maps_untrained (seed0) | 'a0' | 2 of 40 (5.0 %) |" in md
+
+
+def test_team_summary_shows_a_stub_answer_that_replaced_silence(tmp_path):
+    rows = lambda answers: [{"id": f"q{i}", "answer": a, "em": 0.0, "f1": 0.0, "no_answer": float(not a),  # noqa
+                             "format_error_questions": 0.0} for i, a in enumerate(answers)]
+    for seed, system, answers in ((0, "maps_untrained", ["", "", "x", "y"]),
+                                  (0, "maps", ["The answer is 1", "1", "1.", "y"])):
+        f = tmp_path / f"seed{seed}" / "scores.json"
+        f.parent.mkdir(exist_ok=True)
+        kept = json.loads(f.read_text()) if f.is_file() else {}
+        kept[system] = {b: rows(answers) for b in team.BENCHMARKS}
+        f.write_text(json.dumps(kept))
+    r = team.summarize(tmp_path, [0], resamples=100)
+    assert r["top_answer"]["maps_untrained (seed0)"]["answer"] == ""
+    assert r["top_answer"]["maps (seed0)"] == {"answer": "1", "count": 4, "n": 8, "share": 50.0}
+    assert "| maps (seed0) | '1' | 4 of 8 (50.0 %) |" in (tmp_path / "team.md").read_text()
 
 
 def test_team_summary_reads_silence_from_scores_written_before_it_was_kept(tmp_path):
