@@ -125,7 +125,7 @@ def registry_register(
 
 @registry_app.command("list")
 def registry_list(artifact: Optional[str] = typer.Argument(None), repo: Path = typer.Option(Path("."))) -> None:
-    """Registered versions (all artifacts, or one), oldest first."""
+    """Registered versions (all artifacts, or one), in version order."""
     from ragteam.registry import versions
 
     for v in versions(repo, artifact):

@@ -82,7 +82,8 @@ def register(root: str | Path, artifact: str, version: str | None = None, rev: s
 
 
 def versions(root: str | Path, artifact: str | None = None) -> list[Registered]:
-    """Every registered version (of one artifact, or all), oldest first per artifact."""
+    """Every registered version (of one artifact, or all), in version order per artifact (not by tag time: two tags
+    made in the same second have the same timestamp)."""
     import gto.api
 
     r = Path(root).resolve()
@@ -90,6 +91,6 @@ def versions(root: str | Path, artifact: str | None = None) -> list[Registered]:
     out = []
     for name in names:
         rows = gto.api.show(r, name)
-        for row in sorted(rows, key=lambda x: x["created_at"]):
+        for row in sorted(rows, key=lambda x: tuple(int(n) for n in x["version"].lstrip("v").split("."))):
             out.append(Registered(name, row["version"], row["ref"], row["commit_hexsha"]))
     return out
