@@ -17,6 +17,8 @@ from pydantic import Field, model_validator
 
 from ragteam.config import ParamsError, Strict, load_params
 from ragteam.io import DataError, read_jsonl, write_json
+from ragteam.llm import EngineDead
+from ragteam.llm.environment import ensure_engine_environment, lineage_environment
 from ragteam.train.checkpoints import TrainResult, save_agent
 from ragteam.train.curves import Panel, is_wall_clock, summarize, write_curves
 from ragteam.train.grpo import GRPOParams
@@ -155,15 +157,22 @@ class Timer:
         return round(time.perf_counter() - self.t0, 1)
 
 
-def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    """Entry point of a training stage: `body(params)` trains and returns the metrics, written to metrics/<stage>.json.
+def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str, Any]], *, engines: bool = False,
+               system: str | None = None) -> None:
+    """Entry point of a training stage: `body(params)` trains and returns the metrics, written to metrics/<stage>.json
+    with the environment that ran it (`environment`: main or worker, Python and the engine packages' versions).
 
-    Bad params or data end the process with one line naming the stage, and the agent's previous outs stay as they
-    were (the agent is written atomically, last); the metrics file is written only after a successful run.
+    `engines`: the stage samples from LLM engines (`llm.backend`; a joint `system`'s rollout_backend), so params
+    that ask for vLLM run it in the worker environment (`ensure_engine_environment`). Bad params or data end the
+    process with one line naming the stage, and the agent's previous outs stay as they were (the agent is written
+    atomically, last); the metrics file is written only after a successful run.
     """
     try:
-        metrics = body(load_params())
-    except (ParamsError, DataError, ValueError) as e:
+        params = load_params()
+        if engines:
+            ensure_engine_environment(stage, params, system)
+        metrics = body(params)
+    except (ParamsError, DataError, ValueError, EngineDead) as e:
         sys.exit(f"{stage} FAILED ({AGENTS / agent} left untouched): {e}")
-    write_json(f"metrics/{stage}.json", metrics)
+    write_json(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()})
     print(f"{stage}: {metrics}")

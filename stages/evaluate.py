@@ -23,7 +23,8 @@ from ragteam.eval.evaluate import (EvalConfig, WorkflowConfigs, add_intervals, c
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, write_json
-from ragteam.llm import EnginePool, LLMConfig
+from ragteam.llm import EngineDead, EnginePool, LLMConfig
+from ragteam.llm.environment import ensure_engine_environment, environment_line
 from ragteam.records import write_episodes
 
 BENCHMARKS = Path("data/prepared/benchmarks")
@@ -111,6 +112,7 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
                **({"QAgent": f"max_turns {cfgs.qagent.max_turns}, max_queries {cfgs.qagent.max_queries}, top_k "
                              f"{cfgs.qagent.top_k} per query, passage_words {cfgs.qagent.passage_words}"}
                   if used & {"qagent", "qagent_plugin"} else {}),
+               "engines": f"{llm.backend} ({environment_line()})",
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
     diffs = compare_systems(scores, comparison_pairs(ev.systems, ev.compare), ev.bootstrap)
     write_json(differences, diffs)
@@ -139,10 +141,11 @@ def _jade_context(cfg: JadeConfig) -> str:
 def main() -> None:
     try:
         params = load_params()
-        llm = parse_section(params, "llm", LLMConfig)
+        ensure_engine_environment("evaluate", params)
+        llm = parse_section(params, "llm", LLMConfig).for_stage("evaluate")
         ev = parse_section(params, "eval", EvalConfig)
         metrics = run(llm, WorkflowConfigs.from_params(params, ev.baselines), ev)
-    except (ParamsError, DataError) as e:
+    except (ParamsError, DataError, EngineDead) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)
     print(table_markdown(metrics, [b for b in next(iter(metrics.values())) if b != "avg"]))

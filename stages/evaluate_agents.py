@@ -17,7 +17,8 @@ from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.eval.agents import ROLE, EvalAgentsConfig, report_markdown, run_agents, summarize_agents
 from ragteam.eval.evaluate import EvalConfig
 from ragteam.io import DataError, atomic_file, write_json
-from ragteam.llm import EnginePool, LLMConfig
+from ragteam.llm import EngineDead, EnginePool, LLMConfig
+from ragteam.llm.environment import ensure_engine_environment, environment_line
 from stages.evaluate import BENCHMARKS, load_benchmarks
 
 METRICS = Path("metrics/eval_agents.json")
@@ -50,7 +51,8 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, cfg: EvalAgentsConfig, trained: di
     summary = summarize_agents(per, cfg.bootstrap)
     settings = {"base model": llm.model, "trained agents": trained, "retriever": cfg.retriever,
                 "top_k": maps_cfg.top_k, "passage_words": maps_cfg.passage_words,
-                "questions per benchmark (max)": cfg.n_questions, "bootstrap": cfg.bootstrap.model_dump()}
+                "questions per benchmark (max)": cfg.n_questions, "bootstrap": cfg.bootstrap.model_dump(),
+                "engines": f"{llm.backend} ({environment_line()})"}
     write_json(questions, {"settings": settings, "benchmarks": {b: {k: v for k, v in p.items() if k != "examples"}
                                                                 for b, p in per.items()}})
     with atomic_file(report) as f:
@@ -66,12 +68,13 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, cfg: EvalAgentsConfig, trained: di
 def main() -> None:
     try:
         params = load_params()
-        llm = parse_section(params, "llm", LLMConfig)
+        ensure_engine_environment("evaluate_agents", params)
+        llm = parse_section(params, "llm", LLMConfig).for_stage("evaluate_agents")
         maps_cfg = parse_section(params, "maps", MapsConfig)
         ev = parse_section(params, "eval", EvalConfig)
         cfg = parse_section(params, "eval_agents", EvalAgentsConfig)
         run(llm, maps_cfg, cfg, trained_checkpoints(ev))
-    except (ParamsError, DataError, ValueError) as e:
+    except (ParamsError, DataError, ValueError, EngineDead) as e:
         sys.exit(f"evaluate_agents FAILED: {e}")
 
 

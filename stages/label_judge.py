@@ -20,7 +20,8 @@ from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.data.validate import Limits, ValidationFailed, check_files
 from ragteam.io import DataError, atomic_dir, write_json, write_jsonl
-from ragteam.llm import EnginePool, LLMConfig
+from ragteam.llm import EngineDead, EnginePool, LLMConfig
+from ragteam.llm.environment import ensure_engine_environment, lineage_environment
 from ragteam.train import synthesis
 from stages.common import AGENTS, SYNTHESIS, LabelJudgeParams, Timer, load_rows
 
@@ -94,15 +95,16 @@ def run(lp: LabelJudgeParams, llm: LLMConfig, maps_cfg: MapsConfig, out: Path = 
 def main() -> None:
     try:
         params = load_params()
+        ensure_engine_environment(STAGE, params)
         lp = parse_section(params, STAGE, LabelJudgeParams)
-        llm = parse_section(params, "llm", LLMConfig)
+        llm = parse_section(params, "llm", LLMConfig).for_stage(STAGE)
         maps_cfg = parse_section(params, "maps", MapsConfig)
         xp = parse_section(params, "synthesize", ExtraParams) if lp.extra_candidates else None
         metrics = run(lp, llm, maps_cfg, xp=xp)
-    except (ParamsError, DataError, ValueError) as e:
+    except (ParamsError, DataError, ValueError, EngineDead) as e:
         extra = " (previous data/judge left untouched)" if isinstance(e, (ValidationFailed, DataError)) else ""
         sys.exit(f"{STAGE} FAILED{extra}: {e}")
-    write_json(f"metrics/{STAGE}.json", metrics)
+    write_json(f"metrics/{STAGE}.json", {**metrics, "environment": lineage_environment()})
     print(f"{STAGE}: {metrics}")
 
 

@@ -15,7 +15,8 @@ from ragteam.config import ParamsError, Strict, load_params, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.data.validate import Limits, ValidationFailed, check_files
 from ragteam.io import DataError, atomic_dir, write_json, write_jsonl
-from ragteam.llm import EnginePool, LLMConfig
+from ragteam.llm import EngineDead, EnginePool, LLMConfig
+from ragteam.llm.environment import ensure_engine_environment, lineage_environment
 from ragteam.records import write_episodes
 from ragteam.train import synthesis
 
@@ -89,16 +90,17 @@ def run(sp: SynthesizeParams, llm: LLMConfig, debate: DebateConfig, pool_file: P
 
 def main() -> None:
     params = load_params()
+    ensure_engine_environment("synthesize", params)
     try:
         sp = parse_section(params, "synthesize", SynthesizeParams)
-        llm = parse_section(params, "llm", LLMConfig)
+        llm = parse_section(params, "llm", LLMConfig).for_stage("synthesize")
         debate = parse_section(params, "maps.debate", DebateConfig)
         metrics = run(sp, llm, debate, Path("data/prepared/train/pool.jsonl"))
-    except (ParamsError, DataError) as e:
+    except (ParamsError, DataError, EngineDead) as e:
         extra = "" if not isinstance(e, ValidationFailed) else " (previous data/synthesis left untouched)"
         print(f"synthesize FAILED{extra}:\n{e}", file=sys.stderr)
         sys.exit(1)
-    write_json("metrics/synthesize.json", metrics)
+    write_json("metrics/synthesize.json", {**metrics, "environment": lineage_environment()})
     print(f"synthesize: {metrics}")
 
 

@@ -84,7 +84,7 @@ def run(system_name: str, params: dict) -> dict:
     if system_name == "qagent":
         return run_qagent(params)
     ppo, jp, sp = load_joint(params, system_name)
-    llm = parse_section(params, "llm", LLMConfig)
+    llm = parse_section(params, "llm", LLMConfig).for_stage(f"train_joint_{system_name}")
     if not POOL.is_file():
         raise DataError(f"{POOL}: missing (training questions); run stage prepare_data first (dvc repro)")
     rows = load_qa(POOL)
@@ -150,7 +150,7 @@ def run_qagent(params: dict) -> dict:
 
     stage = "train_joint_qagent"
     ppo, jp, tp = load_joint(params, "qagent")
-    llm = parse_section(params, "llm", LLMConfig)
+    llm = parse_section(params, "llm", LLMConfig).for_stage("train_joint_qagent")
     per_stage = {s: stage_ppo(ppo, tp, s) for s in tp.stages}
     if not POOL.is_file():
         raise DataError(f"{POOL}: missing (training questions); run stage prepare_data first (dvc repro)")
@@ -208,7 +208,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m stages.train_joint <system>   (a name in joint.systems)")
     name = sys.argv[1]
-    stage_main(f"train_joint_{name}", name, lambda params: run(name, params))
+    stage_main(f"train_joint_{name}", name, lambda params: run(name, params), engines=True, system=name)
 
 
 if __name__ == "__main__":

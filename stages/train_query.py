@@ -92,12 +92,12 @@ def run_openrlhf_backend(tp, llm, maps_cfg, retriever_path, samples, orl) -> dic
 def from_params(params: dict) -> dict:
     tp = parse_section(params, STAGE, TrainQueryParams)
     orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
-    return run(tp, parse_section(params, "llm", LLMConfig), parse_section(params, "maps", MapsConfig), tp.retriever,
-               orl)
+    return run(tp, parse_section(params, "llm", LLMConfig).for_stage(STAGE), parse_section(params, "maps", MapsConfig),
+               tp.retriever, orl)
 
 
 def main() -> None:
-    stage_main(STAGE, AGENT, from_params)
+    stage_main(STAGE, AGENT, from_params, engines=True)
 
 
 if __name__ == "__main__":

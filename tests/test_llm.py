@@ -137,6 +137,32 @@ def test_engine_pool_loads_each_distinct_path_once_and_routes_roles():
     assert role_models(SystemSpec(workflow="native"), agents) == {}
 
 
+def test_a_vllm_pool_keeps_at_most_max_engines_started_closing_the_least_recently_used():
+    """vLLM engines hold gigabytes each on the CPU: a stage that asks for more checkpoints than fit closes the one
+    used longest ago, and starts it again only when a role needs it again."""
+    loads, closed = [], []
+
+    class Closable(_FakeEngine):
+        def close(self):
+            closed.append(self.model_path)
+
+    pool = EnginePool(EngineConfig(backend="vllm", vllm={"max_engines": 2}),
+                      loader=lambda path, cfg: loads.append(path) or Closable(path))
+    msg = [[{"role": "user", "content": "x"}]]
+    team = pool.team({"a": "m/a", "b": "m/b"}, "m/base")
+    for role in ("a", "b", "a", "other", "a", "b"):
+        assert team.complete(role, msg)[0].text == {"a": "m/a", "b": "m/b"}.get(role, "m/base")
+    # a, b loaded; a used again (most recent); base evicts b (the least recent); a stays; b evicts base
+    assert loads == ["m/a", "m/b", "m/base", "m/b"] and closed == ["m/b", "m/base"] and pool.closed == 2
+    assert pool.loaded == ["m/a", "m/b"]
+    pool.close()
+    assert sorted(closed) == ["m/a", "m/b", "m/b", "m/base"] and pool.loaded == []
+    hf = EnginePool(EngineConfig(backend="hf", vllm={"max_engines": 1}), loader=lambda path, cfg: Closable(path))
+    for path in ("x", "y", "z"):
+        hf.get(path)
+    assert hf.loaded == ["x", "y", "z"] and hf.closed == 0                     # the cap is vLLM's only
+
+
 def test_team_sampling_per_role_and_n_forced_to_one_for_complete():
     seen = []
 
@@ -194,7 +220,7 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
     eng = load_engine("models/answer", cfg)
     assert calls["llm"] == dict(model="models/answer", dtype="bfloat16", seed=3, trust_remote_code=False,
                                 tensor_parallel_size=2, gpu_memory_utilization=0.4, enable_prefix_caching=True,
-                                max_model_len=4096)
+                                logprobs_mode="processed_logprobs", max_model_len=4096)
     prompts = [[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]]
     out = eng.generate(prompts, SamplingConfig(max_new_tokens=24, temperature=0.7, top_p=0.9, n=2, stop=["\n"],
                                                seed=11))

@@ -43,6 +43,10 @@ class VLLMOptions(Strict):
     # no torch.compile / CUDA graphs: on 2 CPU cores the engine starts in ~14 s instead of ~45 s and generates ~12 %
     # slower (notes/stack.md §11): right for tests and short stages
     enforce_eager: bool = False
+    # engines one stage keeps started at once (EnginePool closes the least recently used first): each vLLM engine on
+    # the CPU holds its model, its KV cache (VLLM_CPU_KVCACHE_SPACE GiB) and two processes, measured 4.6 GB for
+    # SmolLM2 with 2 GiB of KV, and stage evaluate asks for up to 8 checkpoints. None: no limit
+    max_engines: int | None = Field(3, ge=1)
 
 
 class EngineConfig(Strict):
@@ -63,6 +67,25 @@ class LLMConfig(EngineConfig):
 
     model: str = "models/llm"
     sampling: dict[str, SamplingConfig] = Field(default_factory=dict)  # role -> settings; "default" for the rest
+    # the engine of single stages, overriding `backend` there: a stage name (synthesize, label_judge, evaluate,
+    # evaluate_agents, train_query) or train_joint (every joint system's frozen roles; the policy's own rollouts
+    # follow joint.ppo.rollout_backend), chosen from benchmarks/engines.py's table
+    stages: dict[str, Literal["hf", "vllm"]] = Field(default_factory=dict)
+
+    def for_stage(self, stage: str) -> LLMConfig:
+        """These settings with the engine `stages` names for `stage` (a name, or its family: `train_joint` for
+        `train_joint_mask`)."""
+        backend = stage_backend(self.backend, self.stages, stage)
+        return self if backend == self.backend else self.model_copy(update={"backend": backend})
+
+
+def stage_backend(default: str, stages: Mapping[str, str], stage: str) -> str:
+    """The engine of `stage`: its own entry in `llm.stages`, else its family's (the name before `_<system>` of a
+    joint stage: train_joint_mask -> train_joint), else `default` (`llm.backend`)."""
+    if stage in stages:
+        return stages[stage]
+    family = stage.rsplit("_", 1)[0] if stage.startswith("train_joint_") else None
+    return stages.get(family, default) if family else default
 
 
 @dataclass(frozen=True)
@@ -85,6 +108,11 @@ class Completion:
     token_ids: tuple[int, ...] | None = None   # the sampled ids (see above); None: an engine that does not say
     logprobs: tuple[float, ...] | None = None  # the engine's log-prob of each sampled id (vLLM); None: not computed
     lead_in: str | None = None  # the answer-less lead-in this completion continues (agents.core.continue_lead_ins)
+
+
+class EngineDead(RuntimeError):
+    """An engine's process died (killed, out of memory, or a fatal error in it; vLLM's engine core): it cannot be
+    used again. Stages end with one line naming it, their outputs untouched (they are written atomically)."""
 
 
 class Engine(Protocol):
@@ -148,15 +176,35 @@ def load_engine(model_path: str, cfg: EngineConfig) -> Engine:
 
 
 class EnginePool:
-    """Loads each distinct model path once (lazily, on first use) and hands out Teams that share the engines."""
+    """Loads each distinct model path once (lazily, on first use) and hands out Teams that share the engines.
+
+    With the vllm backend at most `cfg.vllm.max_engines` engines are started at once: loading one more closes the
+    least recently used (a Team asks the pool on every call, so a closed engine is started again when next needed;
+    the systems of a stage run one after the other, so that is rare). `closed` counts those evictions."""
 
     def __init__(self, cfg: EngineConfig, loader: Callable[[str, EngineConfig], Engine] = load_engine):
         self.cfg, self._loader, self._engines = cfg, loader, {}
+        self.closed = 0
 
     def get(self, path: str) -> Engine:
-        if path not in self._engines:
-            self._engines[path] = self._loader(path, self.cfg)
+        if path in self._engines:
+            self._engines[path] = self._engines.pop(path)           # most recently used last
+            return self._engines[path]
+        cap = self.cfg.vllm.max_engines if self.cfg.backend == "vllm" else None
+        while cap is not None and len(self._engines) >= cap:
+            old = self._engines.pop(next(iter(self._engines)))
+            if hasattr(old, "close"):
+                old.close()
+            self.closed += 1
+        self._engines[path] = self._loader(path, self.cfg)
         return self._engines[path]
+
+    def close(self) -> None:
+        """Close every engine (vLLM's processes); the pool stays usable."""
+        for e in self._engines.values():
+            if hasattr(e, "close"):
+                e.close()
+        self._engines.clear()
 
     def team(self, role_models: Mapping[str, str], default_model: str,
              sampling: Mapping[str, SamplingConfig] | None = None) -> Team:

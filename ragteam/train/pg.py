@@ -12,6 +12,10 @@ What differs between systems is the advantage (`ragteam.train.advantages`) and a
     ratio_seq = exp(mean_t over the sequence's tokens of the same log-ratio)   (sequence level, length-normalised)
     L_pg      = mean over tokens of max(-A_t·ratio, -A_t·clip(ratio, 1-eps_low, 1+eps_high))
     KL (k3)   = exp(ref - logp) - (ref - logp) - 1                  (Schulman's unbiased, non-negative estimator)
+    w_t       = min(π_old(u_t|o_t) / π_engine(u_t|o_t), C)         truncated importance sampling of samples drawn by
+                a rollout engine whose numerics differ from the trainer's (Yao et al. 2025, "Your Efficient RL
+                Framework Secretly Brings You Off-Policy RL Training"; verl's and TRL's TIS): L_pg weighs each
+                token's term by w_t (no gradient through w)
     L_v       = mean over tokens of 0.5·max((V-R)², (V_old + clip(V-V_old, -c, c) - R)²)
 """
 from __future__ import annotations
@@ -76,15 +80,18 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 eps_low: float = 0.2, eps_high: float | None = None, ratio_level: RatioLevel = "token",
-                agg: Aggregation = "token_mean", token_weights: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+                agg: Aggregation = "token_mean", token_weights: torch.Tensor | None = None,
+                is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate (PPO Eq. 7, M-ASK Eq. 4, QAgent Eq. 3) as a loss to minimise; stats: clip fraction,
-    approx. KL. `token_weights`: for agg="group_token_mean"."""
+    approx. KL. `token_weights`: for agg="group_token_mean". `is_weights`: w_t of `truncated_is_weights` (samples
+    from a rollout engine other than the trained policy), multiplying each token's term; None: 1."""
     eps_high = eps_low if eps_high is None else eps_high
     ratio = torch.exp(log_ratio(logp, old_logp, mask, ratio_level))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     loss = aggregate(per_token, mask, agg, token_weights)
     with torch.no_grad():
         d = (old_logp - logp) * mask
@@ -92,6 +99,16 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                  "approx_kl": float(masked_mean(0.5 * d ** 2, mask)),
                  "ratio_mean": float(masked_mean(ratio, mask))}
     return loss, stats
+
+
+def truncated_is_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, cap: float
+                         ) -> torch.Tensor:
+    """w_t = min(exp(log π_old - log π_engine), cap) on the masked tokens, 0 elsewhere (the header's TIS line):
+    corrects the policy gradient for samples a rollout engine drew from its own numerics of the policy (vLLM's
+    kernels, another precision), truncated at `cap` so one token the engine found unlikely cannot dominate."""
+    if cap <= 0:
+        raise ValueError(f"truncated_is_weights: cap must be > 0, not {cap}")
+    return torch.exp(old_logp - engine_logp).clamp(max=cap) * mask
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

