@@ -75,6 +75,11 @@ def qagent_built(data, tok):
     return _build("qagent", data, tok)
 
 
+@pytest.fixture(scope="module")
+def jade_built(data, tok):
+    return _build("jade", data, tok)
+
+
 # ---- gold ------------------------------------------------------------------------------------------------------------
 
 def test_every_training_question_has_a_gold_chain_that_leads_to_its_answer(data):
@@ -206,6 +211,37 @@ def test_qagent_oracle_turns_parse_and_earn_eq7_reward_1(qagent_built, data):
                          for e in three)
 
 
+def test_jade_oracle_decomposes_chains_serially_resolves_references_and_earns_r_global_1(jade_built, data):
+    """Algorithm 1 with the oracle: a chain is decomposed by QDS with later entities as references, the serial
+    rewrite resolves each reference with the answer found, a comparison goes to QDP, every sub-question is solved by
+    R, DS, AG; every call parses and the terminal call earns R_global = F1 = 1 with no format penalty (Eq. 6-8)."""
+    from ragteam.agents import jade as J
+
+    _system, rows, eps, summary = jade_built
+    assert set(summary["rows_per_role"]) >= {J.PLANNER, J.DS, J.AG}
+    complete = [e for e in eps if e.meta["oracle"] == "complete"]
+    assert len(complete) >= 0.75 * len(eps), summary["incomplete"]
+    roles_seen = set()
+    for ep in complete:
+        assert ep.final_answer == ep.golden_answers[0] and ep.meta["stop_reason"] == "answered"
+        assert all(c.format_error is None for c in ep.calls)
+        assert [c.reward for c in ep.calls] == [0.0] * (len(ep.calls) - 1) + [1.0]
+        roles_seen |= {c.role for c in ep.calls}
+        plans = [p["plan"] for p in ep.meta["plans"]]
+        hops = ep.meta["hops"]
+        if hops == 1:
+            assert plans == ["R,DS,AG"]
+        else:
+            assert plans[0] in ("QDS", "QDP") and plans[1:] == ["R,DS,AG"] * hops
+        for c in ep.calls:
+            if c.role == J.QR:       # the serial rewrite: a reference resolved with the answer found, else as asked
+                asked = c.prompt[-1]["content"].split("Original Question: ")[1].split("\n")[0]
+                assert c.parsed == asked if "the answer to q" not in asked else "the answer to q" not in c.parsed
+            if c.role == J.QDS:
+                assert all("the answer to q" in q for q in c.parsed[1:])
+    assert {J.PLANNER, J.QR, J.QDS, J.QDP, J.DS, J.AG, J.AS} <= roles_seen
+
+
 # ---- training pool only ---------------------------------------------------------------------------------------------
 
 def test_traces_refuse_evaluation_questions_by_id_and_by_text(data, tok):
@@ -245,10 +281,10 @@ PROFILES = {"default": PARAMS, "paper": deep_merge(PARAMS, load_profile("paper",
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
-def test_every_oracle_output_fits_its_roles_budget(profile, mask_built, qagent_built, tok):
+def test_every_oracle_output_fits_its_roles_budget(profile, mask_built, qagent_built, jade_built, tok):
     sampling = LLMConfig.model_validate(PROFILES[profile]["llm"]).sampling
     short = []
-    for _system, rows, _eps, _ in (mask_built, qagent_built):
+    for _system, rows, _eps, _ in (mask_built, qagent_built, jade_built):
         need = defaultdict(int)
         for r in rows:   # + EOS where EOS ended it; a stop string's tokens are in the response already
             n = len(tok(r["response"], add_special_tokens=False).input_ids) + r["eos"]

@@ -14,7 +14,7 @@ question, so in a batch the gold of a Summary prompt could not be told from the 
 every prompt of the run belongs to the one gold chain the engine holds. (The prompts do not depend on the batch.)
 
 Each system adds one `<system>_oracle(params) -> OracleSystem` (`SYSTEMS`): its role replies, its workflow, its
-reward and what makes an episode a complete trace. JADE and DECOR plug in the same way.
+reward and what makes an episode a complete trace (M-ASK, QAgent, JADE; DECOR plugs in the same way).
 """
 from __future__ import annotations
 
@@ -279,6 +279,124 @@ def qagent_parser(messages: Messages, max_queries: int) -> Callable[[str], Any]:
     return lambda t: Q.parse_turn(t, after_information=after, max_queries=max_queries)
 
 
+# ---- JADE ----------------------------------------------------------------------------------------------------------
+# Output forms: Appendix E's tags (`ragteam.agents.jade`), accepted by parse_plan, parse_rewrite,
+# parse_subquestions, parse_doc_ids, parse_answer. The oracle's strategy, per node of Algorithm 1's trace:
+# - the root of a one-hop question: the solving plan `R, DS, AG`; of hops where one names another's entity (a chain,
+#   or a comparison of two chains): `QDS` into one sub-question per hop, an entity found by an earlier hop written
+#   as a reference to that sub-question ("In which city was the answer to q1 born?": at decomposition time the
+#   entity is not known); of hops that do not depend on each other: `QDP` into the hops' own sub-questions;
+# - a serial sub-question before it is planned: QR resolves the reference with the answers so far (the serial
+#   rewrite) into the hop's own question, which is then R's query;
+# - every sub-question: `R, DS, AG`; DS keeps the candidates whose (clipped) text shows the hop's fact sentence,
+#   AG answers with the hop's sub-answer when the selection shows it, else "I don't know";
+# - AS, after a decomposition: the golden answer when every hop's answer was found, else "I don't know".
+
+_JADE_REF = "the answer to q{j}"
+_JADE_UNKNOWN = "I don't know"
+_JADE_SOLVE = "<workflow>R, DS, AG</workflow>"
+
+
+def _jade_question(messages: Messages, label: str) -> str:
+    """The node's question of a JADE prompt: the user message's `Question:` / `Original Question:` line."""
+    for line in _user(messages).splitlines():
+        if line.startswith(label):
+            return line[len(label):]
+    raise ValueError(f"JADE prompt has no {label!r} line: {_user(messages)[:120]!r}")
+
+
+def jade_serial(gold: Gold) -> bool:
+    """Some hop's entity is another hop's answer: the sub-questions depend on each other (QDS); else QDP."""
+    return any(gold.depends_on(i) is not None for i in range(len(gold.hops)))
+
+
+def jade_subquestions(gold: Gold) -> list[str]:
+    """The decomposer's sub-questions: each hop's own question, an entity found by an earlier hop written as a
+    reference to that hop's sub-question."""
+    out = []
+    for i, h in enumerate(gold.hops):
+        dep = gold.depends_on(i)
+        out.append(h.question if dep is None else h.question.replace(h.title, _JADE_REF.format(j=dep + 1)))
+    return out
+
+
+def _jade_hop(gold: Gold, question: str) -> int:
+    if question == gold.question and len(gold.hops) == 1:     # a one-hop question is solved at the root
+        return 0
+    for i, h in enumerate(gold.hops):
+        if question in (h.question, jade_subquestions(gold)[i]):
+            return i
+    raise ValueError(f"question {gold.question_id}: {question!r} is none of the oracle's sub-questions")
+
+
+def jade_planner(gold: Gold, messages: Messages) -> str:
+    q = _jade_question(messages, "Question: ")
+    if q == gold.question and len(gold.hops) > 1:
+        return f"<workflow>{'QDS' if jade_serial(gold) else 'QDP'}</workflow>"
+    return _JADE_SOLVE
+
+
+def jade_decompose(gold: Gold) -> str:
+    return "\n".join(f"<q{i}>{q}</q{i}>" for i, q in enumerate(jade_subquestions(gold), 1))
+
+
+def jade_rewrite(gold: Gold, messages: Messages) -> str:
+    """The serial rewrite: the hop's own question once the sub-question it refers to is answered (its answer is in
+    the prompt's observations), else the question as it stands."""
+    q = _jade_question(messages, "Original Question: ")
+    i = _jade_hop(gold, q)
+    dep = gold.depends_on(i)
+    if (dep is not None and _JADE_REF.format(j=dep + 1) in q
+            and f"Answer: {gold.hops[dep].answer}" in _user(messages)):
+        q = gold.hops[i].question
+    return f"<query>{q}</query>"
+
+
+def _jade_docs(messages: Messages) -> list[str]:
+    return re.findall(r"^Document\d+ \(Title: .*?\): (.*)$", _user(messages), re.MULTILINE)
+
+
+def jade_select(gold: Gold, messages: Messages) -> str:
+    i = _jade_hop(gold, _jade_question(messages, "Question: "))
+    docs = _jade_docs(messages)
+    return f"<id>{', '.join(str(k) for k, d in enumerate(docs) if _visible_fact(gold, i, [d]))}</id>"
+
+
+def jade_answer(gold: Gold, messages: Messages) -> str:
+    q = _jade_question(messages, "Question: ")
+    if q == gold.question and len(gold.hops) > 1:      # not the oracle's plan; answer nothing it cannot see
+        return f"<answer>{_JADE_UNKNOWN}</answer>"
+    i = _jade_hop(gold, q)
+    shown = _visible_fact(gold, i, _jade_docs(messages))
+    return f"<answer>{gold.hops[i].answer if shown else _JADE_UNKNOWN}</answer>"
+
+
+def jade_summarise(gold: Gold, messages: Messages) -> str:
+    text = _user(messages)
+    found = all(f"Answer: {h.answer}" in text for h in gold.hops)
+    return f"<answer>{gold.answer if found else _JADE_UNKNOWN}</answer>"
+
+
+def jade_replies(gold: Gold) -> dict[str, Reply]:
+    from ragteam.agents import jade as J
+
+    return {J.PLANNER: lambda m: jade_planner(gold, m), J.QR: lambda m: jade_rewrite(gold, m),
+            J.QDS: lambda m: jade_decompose(gold), J.QDP: lambda m: jade_decompose(gold),
+            J.DS: lambda m: jade_select(gold, m), J.AG: lambda m: jade_answer(gold, m),
+            J.AS: lambda m: jade_summarise(gold, m)}
+
+
+def jade_parser(role: str, messages: Messages) -> Callable[[str], Any]:
+    from ragteam.agents import jade as J
+
+    if role == J.DS:
+        n = len(_jade_docs(messages))
+        return lambda t: (lambda ids: ids if isinstance(ids, J.FormatError) else J.check_doc_ids(ids, n))(
+            J.parse_doc_ids(t))
+    return {J.PLANNER: J.parse_plan, J.QR: J.parse_rewrite, J.QDS: J.parse_subquestions,
+            J.QDP: J.parse_subquestions, J.AG: J.parse_answer, J.AS: J.parse_answer}[role]
+
+
 # ---- the systems ---------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -341,7 +459,38 @@ def qagent_oracle(params: dict[str, Any]) -> OracleSystem:
                   "qagent": cfg.model_dump()})
 
 
-SYSTEMS: dict[str, Callable[[dict[str, Any]], OracleSystem]] = {"mask": mask_oracle, "qagent": qagent_oracle}
+def jade_oracle(params: dict[str, Any]) -> OracleSystem:
+    from ragteam.agents import jade as J
+    from ragteam.agents.jade_workflow import JadeConfig, run_jade
+    from ragteam.rewards.jade import assign_rewards
+
+    cfg = parse_section(params, "jade", JadeConfig)
+
+    def annotate(eps: list[Episode]) -> None:
+        for ep in eps:
+            assign_rewards(ep, cfg.reward)
+
+    def incomplete(ep: Episode) -> str | None:
+        bad = [c.role for c in ep.calls if c.format_error is not None]
+        if bad:
+            return f"format error in {bad[0]}"
+        if ep.meta.get("stop_reason") != "answered":
+            return f"not answered within max_rounds {cfg.max_rounds}"
+        if exact_match(ep.final_answer or "", ep.golden_answers) < 1:
+            return "final answer not the gold"
+        low = [c.role for c in ep.calls if c.meta.get("selected_ids") == []]
+        return f"{low[0]} selected no document" if low else None
+
+    return OracleSystem(
+        name="jade", roles=J.ROLES, replies=jade_replies,
+        run=lambda rows, team, retriever: run_jade(rows, team, retriever, cfg, system="jade"),
+        annotate=annotate, incomplete=incomplete, parser=jade_parser,
+        describe={"workflow": "ragteam.agents.jade_workflow.run_jade (Algorithm 1, the rollouts' procedure)",
+                  "reward": "JADE Eq. 6-8", "jade": cfg.model_dump()})
+
+
+SYSTEMS: dict[str, Callable[[dict[str, Any]], OracleSystem]] = {"mask": mask_oracle, "qagent": qagent_oracle,
+                                                                "jade": jade_oracle}
 
 
 def oracle_system(name: str, params: dict[str, Any]) -> OracleSystem:
