@@ -80,6 +80,11 @@ def jade_built(data, tok):
     return _build("jade", data, tok)
 
 
+@pytest.fixture(scope="module")
+def decor_built(data, tok):
+    return _build("decor", data, tok)
+
+
 # ---- gold ------------------------------------------------------------------------------------------------------------
 
 def test_every_training_question_has_a_gold_chain_that_leads_to_its_answer(data):
@@ -242,6 +247,28 @@ def test_jade_oracle_decomposes_chains_serially_resolves_references_and_earns_r_
     assert {J.PLANNER, J.QR, J.QDS, J.QDP, J.DS, J.AG, J.AS} <= roles_seen
 
 
+def test_decor_oracle_writes_think_then_one_block_and_earns_the_rule_judges_verdicts(decor_built, data):
+    """Every policy call well formed (<think> then <search> / <filter> / <answer>), the golden answer, R_team = 1
+    and no role verdict of -1 (R_total >= α); one-hop questions trace; chains longer than decor.t_max cannot."""
+    from ragteam.agents import decor as D
+
+    _system, rows, eps, summary = decor_built
+    alpha = PARAMS["decor"]["reward"]["alpha"]
+    complete = [e for e in eps if e.meta["oracle"] == "complete"]
+    assert complete and set(summary["rows_per_role"]) == set(D.POLICY_ROLES)
+    for ep in complete:
+        assert ep.final_answer == ep.golden_answers[0] and not ep.meta.get("truncated")
+        for c in ep.calls:
+            parser = {D.PLANNER: D.parse_planner, D.FILTER: D.parse_filter, D.ANSWERER: D.parse_answerer}[c.role]
+            assert not isinstance(parser(c.response), FormatError), c.response
+            assert c.reward >= alpha - 1e-9
+        searched = [c.parsed["query"] for c in ep.calls if c.role == D.PLANNER and c.parsed["action"] == "search"]
+        assert len(searched) == ep.meta["hops"]          # one search per hop, by its sub-question
+    one = [e for e in eps if e.meta["hops"] == 1]
+    assert sum(e.meta["oracle"] == "complete" for e in one) >= 0.9 * len(one)
+    assert all(e.meta["oracle"] != "complete" for e in eps if e.meta["hops"] > PARAMS["decor"]["t_max"])
+
+
 # ---- training pool only ---------------------------------------------------------------------------------------------
 
 def test_traces_refuse_evaluation_questions_by_id_and_by_text(data, tok):
@@ -281,10 +308,10 @@ PROFILES = {"default": PARAMS, "paper": deep_merge(PARAMS, load_profile("paper",
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
-def test_every_oracle_output_fits_its_roles_budget(profile, mask_built, qagent_built, jade_built, tok):
+def test_every_oracle_output_fits_its_roles_budget(profile, mask_built, qagent_built, jade_built, decor_built, tok):
     sampling = LLMConfig.model_validate(PROFILES[profile]["llm"]).sampling
     short = []
-    for _system, rows, _eps, _ in (mask_built, qagent_built, jade_built):
+    for _system, rows, _eps, _ in (mask_built, qagent_built, jade_built, decor_built):
         need = defaultdict(int)
         for r in rows:   # + EOS where EOS ended it; a stop string's tokens are in the response already
             n = len(tok(r["response"], add_special_tokens=False).input_ids) + r["eos"]

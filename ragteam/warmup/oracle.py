@@ -14,7 +14,7 @@ question, so in a batch the gold of a Summary prompt could not be told from the 
 every prompt of the run belongs to the one gold chain the engine holds. (The prompts do not depend on the batch.)
 
 Each system adds one `<system>_oracle(params) -> OracleSystem` (`SYSTEMS`): its role replies, its workflow, its
-reward and what makes an episode a complete trace (M-ASK, QAgent, JADE; DECOR plugs in the same way).
+reward and what makes an episode a complete trace (M-ASK, QAgent, JADE, DECOR).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from ragteam.eval.metrics import contains_answer, exact_match
 from ragteam.llm import Completion, Messages, SamplingConfig, Team, chat_text, find_stop
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.warmup.gold import Gold, Hop
+from ragteam.warmup.gold import Gold, Hop, bare
 
 Reply = Callable[[Messages], str]
 
@@ -397,6 +397,81 @@ def jade_parser(role: str, messages: Messages) -> Callable[[str], Any]:
             J.QDP: J.parse_subquestions, J.AG: J.parse_answer, J.AS: J.parse_answer}[role]
 
 
+# ---- DECOR ---------------------------------------------------------------------------------------------------------
+# Output forms: Appendix A's `<think>...</think>` then one `<search>` / `<filter>` / `<answer>` block, the tags on
+# their own lines as the templates lay them out (`ragteam.agents.decor.parse_blocks`). Strategy:
+# - Planner: the first hop whose fact sentence the memory's evidence does not hold, by its sub-question (an entity
+#   found by an earlier hop is in that evidence); `None` once every fact is there;
+# - Filter: the fact sentences of the hops that the (clipped) results show, and of every other supporting passage
+#   the results hold its first sentence (the rule judge wants each such title mentioned), in one paragraph;
+# - Answerer: the golden answer when the memory holds every hop's fact, else "unknown".
+# The <think> blocks say in one sentence what the output rests on (the budgets hold one sentence, tests/test_budgets).
+
+def _decor_field(text: str, start: str) -> str:
+    i = text.rfind(start)
+    if i < 0:
+        raise ValueError(f"DECOR prompt has no {start.strip()!r} field: {text[-160:]!r}")
+    return text[i + len(start):]
+
+
+def _decor_block(think: str, tag: str, content: str) -> str:
+    return f"<think>\n{think}\n</think>\n<{tag}>\n{content}\n</{tag}>"
+
+
+def _decor_known(gold: Gold, history: str) -> list[int]:
+    from ragteam.agents import decor as D
+
+    evidence = D.history_evidence(history)
+    return [i for i, h in enumerate(gold.hops) if h.fact in evidence]
+
+
+def decor_planner(gold: Gold, messages: Messages) -> str:
+    history = _decor_field(_user(messages), "history search information: ")
+    known = _decor_known(gold, history)
+    todo = [i for i in range(len(gold.hops)) if i not in known]
+    if not todo:
+        return _decor_block("The history states every fact the question needs.", "search", "None")
+    h = gold.hops[todo[0]]
+    return _decor_block(f"The history does not answer: {h.question}", "search", h.question)
+
+
+def decor_filter(gold: Gold, messages: Messages) -> str:
+    text = _user(messages)
+    docs = re.findall(r'^Doc \d+\(Title: "(.*?)"\): (.*)$', _decor_field(text, "Retrieval Results: "), re.MULTILINE)
+    kept = []
+    for title, body in docs:
+        facts = [h.fact for h in gold.hops if h.fact in body]
+        if facts:
+            kept += [f for f in facts if f not in kept]
+        elif any(bare(title) == bare(h.title) for h in gold.hops):
+            first = re.split(r"(?<=[.!?])\s", body, maxsplit=1)[0]
+            if first not in kept:
+                kept.append(first)
+    if not kept:
+        return _decor_block("No document states a fact the query asks for.", "filter", "No relevant information.")
+    return _decor_block("I kept the sentences that state the facts the query asks for.", "filter", " ".join(kept))
+
+
+def decor_answer(gold: Gold, messages: Messages) -> str:
+    history = _decor_field(_user(messages), "History search information: ")
+    if len(_decor_known(gold, history)) == len(gold.hops):
+        return _decor_block("The history states every fact the answer follows from.", "answer", gold.answer)
+    return _decor_block("The history does not state every fact the answer needs.", "answer", "unknown")
+
+
+def decor_summary(messages: Messages) -> str:
+    from ragteam.agents import decor as D
+
+    return D.history_evidence(_decor_field(_user(messages), "Search history:\n")) or "-"
+
+
+def decor_replies(gold: Gold) -> dict[str, Reply]:
+    from ragteam.agents import decor as D
+
+    return {D.PLANNER: lambda m: decor_planner(gold, m), D.FILTER: lambda m: decor_filter(gold, m),
+            D.ANSWERER: lambda m: decor_answer(gold, m), D.SUMMARIZER: decor_summary}
+
+
 # ---- the systems ---------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -489,8 +564,39 @@ def jade_oracle(params: dict[str, Any]) -> OracleSystem:
                   "reward": "JADE Eq. 6-8", "jade": cfg.model_dump()})
 
 
+def decor_oracle(params: dict[str, Any]) -> OracleSystem:
+    """DECOR with the offline rule judge (`decor.judge: rules`; an LLM judge would need a model). A complete trace:
+    every call well formed, the golden answer, and no role verdict of -1 (each policy call's R_total at least
+    α·R_team; the Answerer is judged only when the memory holds a non-yes/no gold answer, Sec. 4.3)."""
+    from ragteam.agents import decor as D
+    from ragteam.agents.decor_workflow import DecorConfig, run_decor
+    from ragteam.rewards.decor import RuleJudge, decor_rewards
+
+    cfg = parse_section(params, "decor", DecorConfig)
+    if cfg.judge != "rules":
+        raise ParamsError("DECOR oracle traces need decor.judge: rules (the LLM judge needs a model to run)")
+
+    def incomplete(ep: Episode) -> str | None:
+        if ep.meta.get("truncated"):
+            return f"format error in {ep.meta['truncated']['role']}"
+        if exact_match(ep.final_answer or "", ep.golden_answers) < 1:
+            return "final answer not the gold"
+        low = [c.role for c in ep.calls if c.role in D.POLICY_ROLES and c.reward < cfg.reward.alpha - 1e-9]
+        return f"role verdict -1 for {low[0]}" if low else None
+
+    return OracleSystem(
+        name="decor", roles=D.POLICY_ROLES, replies=decor_replies,
+        run=lambda rows, team, retriever: run_decor(rows, team, retriever, cfg, system="decor",
+                                                    truncate_on_format_error=True),
+        annotate=lambda eps: decor_rewards(eps, RuleJudge(), cfg.reward), incomplete=incomplete,
+        parser=lambda role, m: {D.PLANNER: D.parse_planner, D.FILTER: D.parse_filter, D.ANSWERER: D.parse_answerer,
+                                D.SUMMARIZER: D.parse_summary}[role],
+        describe={"workflow": "ragteam.agents.decor_workflow.run_decor (training mode, one rollout per question)",
+                  "reward": "DECOR Eq. 2-3 with the rule judge", "decor": cfg.model_dump()})
+
+
 SYSTEMS: dict[str, Callable[[dict[str, Any]], OracleSystem]] = {"mask": mask_oracle, "qagent": qagent_oracle,
-                                                                "jade": jade_oracle}
+                                                                "jade": jade_oracle, "decor": decor_oracle}
 
 
 def oracle_system(name: str, params: dict[str, Any]) -> OracleSystem:
