@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
       "{tmp}/r.json"], "none.json: file not found"),
     (["lineage", "{tmp}/nothing.txt"], "no dvc.yaml in"),
     (["ask", "--params", "{tmp}/missing.yaml", "who?"], "missing.yaml: params file not found"),
-    (["oracle-traces", "nosuch", "--params", "{params}"], "no oracle for system 'nosuch' (known: mask, qagent)"),
+    (["oracle-traces", "nosuch", "--params", "{params}"], "no oracle for system 'nosuch' (known: decor, jade, mask, qagent)"),
     (["oracle-traces", "mask", "--params", "{tmp}/missing.yaml"], "missing.yaml: params file not found"),
 ])
 def test_a_user_error_is_one_line_and_exit_1(tmp_path, args, names):
