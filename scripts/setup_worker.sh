@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or rebuild) the worker environment in .venv-worker: vLLM plus everything the LLM stages import, without
-# the orchestrator's prefect / dvc / great-expectations. It cannot be .venv: every vLLM pins fastapi<0.137 and
+# the orchestrator's prefect and dvc. It cannot be .venv: every vLLM pins fastapi<0.137 and
 # prefect 3.8 needs fastapi>=0.139 (../shared/notes/stack.md §10).
 #
 # Which vLLM (RAGTEAM_WORKER=auto|cpu|cuda, default auto: cuda when `nvidia-smi -L` lists a GPU, else cpu):

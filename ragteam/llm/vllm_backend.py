@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,6 +121,30 @@ def check_weights_dir(weights_dir: str | Path) -> Path:
     return d
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()   # engines not closed yet
+
+
+def _close_engines_on_uncaught_exceptions() -> None:
+    """An exception that ends the process closes every live engine first. Measured: a stage whose exception
+    escaped `main` with a vLLM engine open printed its traceback and then never exited (the interpreter waits for
+    threads the open engine keeps; 400 s until killed), so `dvc repro` hung instead of failing. Python calls
+    `sys.excepthook` before it waits for threads at shutdown; the original hook still prints the traceback."""
+    if getattr(sys.excepthook, "_closes_vllm_engines", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        for engine in list(_LIVE):
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001 (a dead engine is as good as closed; the traceback matters)
+                pass
+        previous(kind, value, tb)
+
+    hook._closes_vllm_engines = True
+    sys.excepthook = hook
+
+
 def _cpu_env_defaults() -> None:
     """The CPU build's settings for a small box (notes/stack.md §11), unless the caller set them: OpenMP threads on
     every core this process may use, none held back for the engine's own bookkeeping (with 2 cores, vLLM's default
@@ -157,6 +182,8 @@ class VLLMEngine:
         except Exception as e:
             raise RuntimeError(f"vLLM could not start on {self.model_path}: {type(e).__name__}: {e}") from e
         self._lora, self._lora_id, self._lora_on = None, 0, True
+        _LIVE.add(self)
+        _close_engines_on_uncaught_exceptions()
         # lineage for whatever this engine generates: which environment and package versions, which settings
         self.metadata = {"engine": "vllm", "model": self.model_path, "dtype": kw["dtype"], "seed": kw["seed"],
                          "enforce_eager": kw.get("enforce_eager", False), "max_lora_rank": self.max_lora_rank,
@@ -208,6 +235,7 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Stop the engine's processes now (they would otherwise live until this object is collected)."""
+        _LIVE.discard(self)
         self.llm.llm_engine.engine_core.shutdown()
 
     def _engine_call(self, fn, *args, **kw):

@@ -54,3 +54,36 @@ def tokens(calls) -> list:
 
 def logprobs(calls) -> list[float]:
     return [lp for call in calls for o in call for c in o for lp in c.logprobs]
+
+
+@pytest.mark.timeout(300)
+def test_an_uncaught_exception_closes_the_engines_before_the_process_waits_for_their_threads(
+        smollm2_dir, monkeypatch, capsys):
+    """A stage whose exception escaped with an engine open printed its traceback and never exited (synthesize in the
+    worker environment, 400 s until killed): the excepthook the engine installs closes every live engine first,
+    then prints the traceback as before."""
+    import sys
+    import weakref
+
+    from ragteam.llm import vllm_backend
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    eng = VLLMEngine(str(smollm2_dir), engine_config())
+    # the engine's processes (multiprocessing's resource tracker, which vLLM starts once, lives with this process)
+    mine = [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
+    assert mine and getattr(sys.excepthook, "_closes_vllm_engines", False)
+    monkeypatch.setattr(vllm_backend, "_LIVE", weakref.WeakSet([eng]))   # leave the session's engine alone
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'great_expectations'")
+        except ModuleNotFoundError as e:
+            sys.excepthook(type(e), e, e.__traceback__)
+        assert "No module named 'great_expectations'" in capsys.readouterr().err
+        gone, alive = psutil.wait_procs(mine, timeout=60)
+        assert not alive, [(p.pid, p.name()) for p in alive]
+        assert eng not in vllm_backend._LIVE
+    finally:
+        for p in mine:
+            if p.is_running():
+                p.kill()
