@@ -160,3 +160,15 @@ def test_engine_mismatch_is_the_mean_and_max_gap_over_loss_tokens():
     assert m["engine_logp_abs_diff"] == pytest.approx((0.1 + 0.0 + 0.3) / 3)
     assert m["engine_logp_max_abs_diff"] == pytest.approx(0.3)
     assert engine_mismatch([c]) == {}
+
+
+def test_worker_main_runs_a_module_as_python_m_would_and_keeps_its_exit_status(tmp_path):
+    """The worker's entry point for a stage: `-m ragteam.llm.worker_main <module> [args]` = `-m <module> [args]`,
+    then every vLLM engine still open is closed (none here), whatever the exit status."""
+    ok = subprocess.run([sys.executable, "-m", "ragteam.llm.worker_main", "json.tool", "--sort-keys"],
+                        input='{"b": 1, "a": 2}', capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and json.loads(ok.stdout) == {"a": 2, "b": 1}
+    assert ok.stdout.index('"a"') < ok.stdout.index('"b"')                  # its arguments reached it
+    bad = subprocess.run([sys.executable, "-m", "ragteam.llm.worker_main", "json.tool", str(tmp_path / "none.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "none.json" in bad.stderr

@@ -92,7 +92,10 @@ def ensure_engine_environment(stage: str, params: dict[str, Any], system: str | 
     env = {**os.environ, _REEXEC_MARK: "1"}
     for var, sub in (("VLLM_CACHE_ROOT", "cache"), ("VLLM_CONFIG_ROOT", "config")):   # vLLM's state stays in the
         env.setdefault(var, os.path.abspath(os.path.join(".vllm-cache", "stages", sub)))  # workspace, not ~/.cache
-    os.execve(py, [py, *sys.orig_argv[1:]], env)
+    args = sys.orig_argv[1:]
+    if args[:1] == ["-m"] and len(args) > 1:      # a stage module: run it under worker_main, which closes the
+        args = ["-m", "ragteam.llm.worker_main", *args[1:]]   # engines when it ends (see there why)
+    os.execve(py, [py, *args], env)
 
 
 def environment_line() -> str:

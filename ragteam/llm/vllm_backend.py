@@ -124,6 +124,15 @@ def check_weights_dir(weights_dir: str | Path) -> Path:
 _LIVE: weakref.WeakSet = weakref.WeakSet()   # engines not closed yet
 
 
+def close_live_engines() -> None:
+    """Close every engine not closed yet (`ragteam.llm.worker_main` at the end of a stage, the excepthook below)."""
+    for engine in list(_LIVE):
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 (a dead engine is as good as closed)
+            _LIVE.discard(engine)
+
+
 def _close_engines_on_uncaught_exceptions() -> None:
     """An exception that ends the process closes every live engine first. Measured: a stage whose exception
     escaped `main` with a vLLM engine open printed its traceback and then never exited (the interpreter waits for
@@ -134,11 +143,7 @@ def _close_engines_on_uncaught_exceptions() -> None:
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        for engine in list(_LIVE):
-            try:
-                engine.close()
-            except Exception:  # noqa: BLE001 (a dead engine is as good as closed; the traceback matters)
-                pass
+        close_live_engines()
         previous(kind, value, tb)
 
     hook._closes_vllm_engines = True

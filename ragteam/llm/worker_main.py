@@ -1,0 +1,29 @@
+"""`python -m ragteam.llm.worker_main <module> [args]`: how a stage runs once `ensure_engine_environment` has moved it
+into the worker environment. It runs `<module>` as `python -m <module> [args]` would, then closes every vLLM engine
+still open, however the stage ended (returned, `sys.exit`, an exception), before the interpreter shuts down.
+
+Why: measured in `dvc repro`, stage synthesize on vLLM wrote its outputs, printed its metrics and then never exited
+(the interpreter waits at shutdown for threads an open engine keeps; 4 min until killed), so the pipeline hung
+after a stage that had succeeded. A closed engine leaves nothing to wait for.
+"""
+from __future__ import annotations
+
+import runpy
+import sys
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m ragteam.llm.worker_main <module> [args...]")
+    module = sys.argv[1]
+    sys.argv = [module, *sys.argv[2:]]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        from ragteam.llm.vllm_backend import close_live_engines
+
+        close_live_engines()
+
+
+if __name__ == "__main__":
+    main()
