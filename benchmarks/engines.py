@@ -58,7 +58,7 @@ def _tokens(episodes) -> int:
     return sum(c.completion_tokens for ep in episodes for c in ep.calls)
 
 
-def workload(name: str, params: dict, n: int) -> tuple[Callable, Callable]:
+def workload(name: str, params: dict, n: int) -> tuple[Callable, Callable, Callable]:
     """(start(backend) -> state, run(state) -> {"items", "sequences", "tokens"}, close(state)) of workload `name`."""
     from ragteam.config import parse_section
     from ragteam.retrieval import open_retriever
@@ -76,9 +76,7 @@ def workload(name: str, params: dict, n: int) -> tuple[Callable, Callable]:
             return engines, llm
 
         def close(state):
-            for e in state[0]._engines.values():
-                if hasattr(e, "close"):
-                    e.close()
+            state[0].close()
 
     if name == "eval_pass":
         from ragteam.agents.maps_workflow import MapsConfig, run_maps
