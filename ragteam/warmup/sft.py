@@ -1,0 +1,210 @@
+"""The format warm-up (issue 25 §2): SFT of a joint system's shared policy on its oracle traces, stopped by the
+held-out format error rate.
+
+    traces.jsonl --(last `heldout_questions` questions)--> probe rows (never trained on)
+                 --(the rest, at most `rows_per_role` per role)--> SFT rows: prompt ids under the chat template
+                   (`ragteam.llm.chat_text`, as the engines encode it), then the response's ids, then EOS where the
+                   response ended on EOS; loss on the response tokens only (TRL SFTTrainer, `completion_mask`)
+
+Every `eval_every` optimiser steps (and once before the first) `FormatProbe` has the policy answer the probe rows'
+prompts greedily with each role's own sampling settings (budget, stop strings) through the project's HF engine, and
+parses each output with the role's own parser: the held-out format error rate per role, and their mean. Training
+stops when the mean falls below `format_threshold`, or at `sft.steps` (the cap). Tokenising the prompt and the
+response apart is how the engines see a call (prompt ids, then sampled ids), so the warm-up teaches the very token
+sequences a rollout produces; a response whose text ends on a stop string keeps it (the workflows' `keep_stop`).
+
+Why a warm-up at all: SmolLM2-135M writes none of the joint systems' tags, so every RL reward is the format
+penalty and every advantage is zero (the default run's `metrics/train_joint_*.json`). The papers start from 7-8B
+instruct models that follow the formats; the paper profile keeps their recipe (`warmup.enabled: false`).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import Field
+
+from ragteam.agents.core import FormatError
+from ragteam.config import Strict
+from ragteam.llm import EngineConfig, SamplingConfig, Team, chat_text
+from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
+from ragteam.train.common import model_params
+from ragteam.train.sft import SFTParams, sft_trainer
+from ragteam.warmup.oracle import OracleSystem
+
+
+class WarmupParams(Strict):
+    """params.yaml `warmup` (shared by the four joint systems; `warmup.<system>` overrides single keys)."""
+
+    enabled: bool = True                              # false: train_joint starts from llm.model (paper profile)
+    questions: int = Field(96, ge=0)                  # first n pool questions traced (stage oracle_traces); 0 = all
+    heldout_questions: int = Field(16, ge=1)          # the traces' last n questions: probe rows, never trained on
+    rows_per_role: int = Field(64, ge=1)              # SFT rows per role at most (each role gets its share)
+    probe_rows_per_role: int = Field(4, ge=1)         # held-out rows per role the probe answers
+    probe_every: int = Field(8, ge=1)                 # optimiser steps between probes
+    format_threshold: float = Field(0.2, ge=0, le=1)  # stop once the probe's mean format error rate is below it
+    sft: SFTParams                                    # steps = the cap; lora: the warm-up's adapter (merged after)
+
+
+# ---- rows -----------------------------------------------------------------------------------------------------------
+
+def split_heldout(rows: Sequence[dict], heldout_questions: int) -> tuple[list[dict], list[dict]]:
+    """(train rows, probe rows): the last `heldout_questions` questions (in the traces' order) are the probe's."""
+    qids = list(dict.fromkeys(r["question_id"] for r in rows))
+    if len(qids) <= heldout_questions:
+        raise ValueError(f"warm-up: {len(qids)} traced questions, but heldout_questions is {heldout_questions}: "
+                         f"nothing would be left to train on (raise warmup.questions)")
+    held = set(qids[-heldout_questions:])
+    return [r for r in rows if r["question_id"] not in held], [r for r in rows if r["question_id"] in held]
+
+
+def per_role(rows: Sequence[dict], n: int) -> list[dict]:
+    """At most the first `n` rows of each role, in the traces' order (so a frequent role cannot crowd out a rare
+    one: M-ASK has 2 Search calls per Planning call)."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for r in rows:
+        if seen[r["role"]] < n:
+            seen[r["role"]] += 1
+            out.append(r)
+    return out
+
+
+def sft_ids(row: Mapping[str, Any], tokenizer) -> tuple[list[int], list[int]]:
+    """(input_ids, completion_mask) of one trace row: the prompt as the engines encode it (chat template, a final
+    assistant message continued), then the response, then EOS only where the response ended on it."""
+    prompt = tokenizer(chat_text(tokenizer, row["messages"]), add_special_tokens=False).input_ids
+    response = tokenizer(row["response"], add_special_tokens=False).input_ids
+    if row["eos"]:
+        response = response + [tokenizer.eos_token_id]
+    if not response:
+        raise ValueError(f"warm-up: trace row of {row['role']} (question {row['question_id']}) has an empty response")
+    return prompt + response, [0] * len(prompt) + [1] * len(response)
+
+
+def tokenized_rows(rows: Sequence[dict], tokenizer, max_length: int) -> tuple[list[dict], int]:
+    """SFT rows {input_ids, completion_mask} and the count dropped for exceeding `max_length` (dropped, not cut:
+    a cut would teach an output without its end)."""
+    out, dropped = [], 0
+    for r in rows:
+        ids, mask = sft_ids(r, tokenizer)
+        if len(ids) > max_length:
+            dropped += 1
+            continue
+        out.append({"input_ids": ids, "completion_mask": mask})
+    if not out:
+        raise ValueError(f"warm-up: all {len(rows)} rows are longer than sft.max_length={max_length} tokens")
+    return out, dropped
+
+
+# ---- the held-out format probe -----------------------------------------------------------------------------------
+
+class FormatProbe:
+    """Greedy answers of a policy to held-out trace prompts, parsed by each role's own parser.
+
+    `__call__(model)` returns {"format_error_rate": mean over roles, "format_error/<role>": that role's rate}.
+    The model is put in eval mode for the probe and back in train mode after (a trainer's model)."""
+
+    def __init__(self, system: OracleSystem, rows: Sequence[dict], n_per_role: int,
+                 sampling: Mapping[str, SamplingConfig], engine_cfg: EngineConfig, model_path: str, tokenizer):
+        self.system, self.model_path, self.tokenizer = system, model_path, tokenizer
+        self.rows = per_role(rows, n_per_role)
+        self.roles = sorted({r["role"] for r in self.rows})
+        if not self.rows:
+            raise ValueError(f"warm-up probe for {system.name}: no held-out rows")
+        self.cfg = engine_cfg.model_copy(update={"prefix_cache_tokens": 0})   # the weights change between probes
+        self.sampling = {role: (sampling.get(role) or sampling.get("default") or SamplingConfig()).model_copy(
+            update={"temperature": 0.0, "n": 1}) for role in self.roles}
+
+    def outputs(self, model) -> list[str]:
+        """The policy's greedy output for each probe row, ended as the workflow ends it (the stop string kept where
+        the trace keeps it)."""
+        from ragteam.llm.hf import HFEngine
+
+        was_training = model.training
+        model.eval()
+        try:
+            # peft injects the adapter into the base model in place: generating with it applies the adapter
+            weights = model.get_base_model() if hasattr(model, "peft_config") else model
+            team = Team(HFEngine(self.model_path, self.cfg, model=weights, tokenizer=self.tokenizer), self.sampling)
+            texts: dict[int, str] = {}
+            for role in self.roles:
+                idx = [i for i, r in enumerate(self.rows) if r["role"] == role]
+                outs = team.complete(role, [self.rows[i]["messages"] for i in idx])
+                for i, o in zip(idx, outs):
+                    texts[i] = o.text + ((o.stop_reason or "") if not self.rows[i]["eos"] else "")
+        finally:
+            model.train(was_training)
+        return [texts[i] for i in range(len(self.rows))]
+
+    def __call__(self, model) -> dict[str, float]:
+        errors: dict[str, list[bool]] = defaultdict(list)
+        for row, text in zip(self.rows, self.outputs(model)):
+            parsed = self.system.parser(row["role"], row["messages"])(text)
+            errors[row["role"]].append(isinstance(parsed, FormatError))
+        rates = {role: sum(v) / len(v) for role, v in sorted(errors.items())}
+        return {"format_error_rate": round(sum(rates.values()) / len(rates), 4),
+                **{f"format_error/{role}": round(v, 4) for role, v in rates.items()}}
+
+
+def probe_callback(probe: FormatProbe, every: int, threshold: float):
+    """A TrainerCallback: probe before the first step and every `every` steps; log the rates into the trainer's
+    history; stop training once the mean rate is below `threshold`."""
+    from transformers import TrainerCallback
+
+    class FormatStop(TrainerCallback):
+        def _probe(self, state, control, model) -> None:
+            rates = probe(model)
+            state.log_history.append({"step": state.global_step, **rates})
+            print(f"warm-up: step {state.global_step} held-out format errors {rates['format_error_rate']:.2f} "
+                  + " ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in rates.items() if "/" in k), flush=True)
+            if rates["format_error_rate"] < threshold:
+                control.should_training_stop = True
+
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            if state.global_step == 0:
+                self._probe(state, control, model)
+            return control
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if state.global_step % every == 0 or state.global_step >= state.max_steps:
+                self._probe(state, control, model)
+            return control
+
+    return FormatStop()
+
+
+# ---- train ----------------------------------------------------------------------------------------------------------
+
+def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, ckpt_dir: str, p: WarmupParams,
+                 sampling: Mapping[str, SamplingConfig], engine_cfg: EngineConfig,
+                 run_tag: dict[str, Any] | None = None) -> TrainResult:
+    """SFT of `model_path` on `system`'s trace rows until the held-out format error rate is below the threshold
+    (or `p.sft.steps`); checkpoints under `ckpt_dir` (resumed). `extra`: rows, dropped, probe roles, why it stopped."""
+    from transformers import AutoTokenizer
+
+    if p.sft.steps < 1:
+        raise ValueError("warmup.sft.steps must be a step cap >= 1 (the probe decides when to stop before it)")
+    tok = AutoTokenizer.from_pretrained(model_path)
+    train, held = split_heldout(traces, p.heldout_questions)
+    chosen = per_role(train, p.rows_per_role)
+    rows, dropped = tokenized_rows(chosen, tok, p.sft.max_length)
+    probe = FormatProbe(system, held, p.probe_rows_per_role, sampling, engine_cfg, model_path, tok)
+    fp = fingerprint(kind="warmup_sft", system=system.name, params=model_params(p.sft), model=model_identity(model_path),
+                     data=rows, probe=[[r["question_id"], r["role"]] for r in probe.rows],
+                     threshold=p.format_threshold, every=p.probe_every, tag=run_tag or {})
+    resume = prepare_resume(ckpt_dir, fp)
+    trainer = sft_trainer(rows, model_path, ckpt_dir, p.sft,
+                          callbacks=[probe_callback(probe, p.probe_every, p.format_threshold)])
+    history, step, seconds = run_resumable(trainer, resume)
+    probes = [h for h in history if "format_error_rate" in h]
+    last = probes[-1]["format_error_rate"] if probes else None
+    return TrainResult(model=trainer.model, tokenizer=tok, log_history=history, global_step=step, seconds=seconds,
+                       resumed_from=int(resume.rsplit("-", 1)[1]) if resume else None,
+                       extra={"samples": len(rows), "dropped_too_long": dropped, "fingerprint": fp,
+                              "rows_per_role": dict(sorted(Counter(r["role"] for r in chosen).items())),
+                              "probe_rows": len(probe.rows), "probe_roles": probe.roles,
+                              "stopped_by": "threshold" if last is not None and last < p.format_threshold
+                              else "step cap"})
+

@@ -1,0 +1,189 @@
+"""The joint systems' format warm-up (issue 25 §2): which trace rows train and which probe, the token sequences SFT
+trains on (the engines' own encoding, EOS only where the trace ended on it), the held-out format probe per role,
+the stop at the threshold or the cap, and where train_joint and the `<system>_warmup` rows start from."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragteam.agents import decor as D
+from ragteam.config import load_params
+from ragteam.eval.evaluate import SystemSpec, comparison_pairs, make_team
+from ragteam.io import DataError
+from ragteam.llm import EngineConfig, SamplingConfig, chat_text
+from ragteam.warmup.oracle import oracle_system
+from ragteam.warmup.sft import FormatProbe, WarmupParams, per_role, sft_ids, split_heldout, tokenized_rows
+from ragteam.warmup.start import WARMUP_OFF, start_model
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = load_params(REPO / "params.yaml")
+CPU = EngineConfig(backend="hf", device="cpu", dtype="float32", batch_size=8, threads=1)
+
+
+def row(qid: str, role: str, response: str, eos: bool = True, messages=None) -> dict:
+    return {"system": "decor", "role": role, "question_id": qid, "turn": 0, "reward": 1.0, "response_tokens": 1,
+            "messages": messages or [{"role": "user", "content": f"question {qid} for {role}"}],
+            "response": response, "eos": eos}
+
+
+def decor_rows(questions: int) -> list[dict]:
+    """Valid outputs of DECOR's three policy roles (their listed longest outputs) for `questions` questions."""
+    return [row(f"q{i}", r, D.LONGEST_OUTPUTS[r][0]) for i in range(questions) for r in D.POLICY_ROLES]
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))
+
+
+def test_the_last_questions_are_the_probes_and_never_train():
+    rows = decor_rows(5)
+    train, held = split_heldout(rows, 2)
+    assert {r["question_id"] for r in held} == {"q3", "q4"}
+    assert {r["question_id"] for r in train} == {"q0", "q1", "q2"}
+    assert len(train) + len(held) == len(rows)
+    with pytest.raises(ValueError, match="raise warmup.questions"):
+        split_heldout(rows, 5)
+
+
+def test_each_role_keeps_at_most_its_share_in_trace_order():
+    rows = [row("q0", "a", "x"), row("q0", "b", "x"), row("q1", "a", "y"), row("q2", "a", "z"), row("q2", "b", "z")]
+    got = per_role(rows, 2)
+    assert [(r["question_id"], r["role"]) for r in got] == [("q0", "a"), ("q0", "b"), ("q1", "a"), ("q2", "b")]
+
+
+def test_sft_ids_are_the_engines_prompt_then_the_response_with_eos_only_where_the_trace_ended_on_it(tok, tiny_llama):
+    from ragteam.llm.hf import HFEngine
+
+    engine = HFEngine(str(tiny_llama), CPU)
+    ended = row("q0", D.PLANNER, "<search>\nwho directed it\n</search>", eos=True)
+    ids, mask = sft_ids(ended, tok)
+    prompt = engine.encode(ended["messages"])           # what a rollout's engine feeds the policy
+    assert ids[: len(prompt)] == prompt and mask[: len(prompt)] == [0] * len(prompt)
+    target = tok(ended["response"], add_special_tokens=False).input_ids + [tok.eos_token_id]
+    assert ids[len(prompt):] == target and mask[len(prompt):] == [1] * len(target)
+    # a response that a stop string ended keeps it and gets no EOS: the engine stopped there, the turn goes on
+    stopped = row("q0", "qagent", "<plan>x</plan><search>", eos=False)
+    ids, mask = sft_ids(stopped, tok)
+    assert ids[-1] != tok.eos_token_id and sum(mask) == len(tok(stopped["response"], add_special_tokens=False).input_ids)
+    # QAgent's later turns continue the assistant message: its <information> block is prompt, never a target
+    turn2 = row("q0", "qagent", "<reflection>ok</reflection>", messages=[
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "<search>x</search><information>doc</information>"}])
+    ids, mask = sft_ids(turn2, tok)
+    prompt = engine.encode(turn2["messages"])
+    assert ids[: len(prompt)] == prompt and chat_text(tok, turn2["messages"]).endswith("</information>")
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == "<reflection>ok</reflection>" + tok.eos_token
+    kept, dropped = tokenized_rows([ended, turn2], tok, max_length=len(ids))
+    assert len(kept) == 2 and dropped == 0
+    kept, dropped = tokenized_rows([ended, turn2], tok, max_length=len(ids) - 1)
+    assert len(kept) == 1 and dropped == 1
+
+
+def test_the_probe_parses_each_roles_output_with_its_own_parser(monkeypatch):
+    system = oracle_system("decor", PARAMS)
+    rows = decor_rows(2)
+    probe = FormatProbe(system, rows, 1, {"default": SamplingConfig(max_new_tokens=8)}, CPU, "unused", None)
+    assert probe.roles == sorted(D.POLICY_ROLES) and len(probe.rows) == 3        # one row per role
+    assert all(s.temperature == 0 for s in probe.sampling.values())               # greedy, whatever the rollouts use
+    gold = [r["response"] for r in probe.rows]
+    monkeypatch.setattr(probe, "outputs", lambda model: gold)
+    assert probe(None)["format_error_rate"] == 0.0
+    # the degenerate outputs a policy could write: empty, a stub, an empty tag
+    for bad in ("", "Answer:", "<search></search>"):
+        outs = [bad if r["role"] == D.PLANNER else g for r, g in zip(probe.rows, gold)]
+        monkeypatch.setattr(probe, "outputs", lambda model, outs=outs: outs)
+        rates = probe(None)
+        assert rates[f"format_error/{D.PLANNER}"] == 1.0, bad
+        assert rates[f"format_error/{D.FILTER}"] == 0.0 and rates["format_error_rate"] == pytest.approx(1 / 3, abs=1e-4)
+
+
+def _params(**kw) -> WarmupParams:
+    base = {"heldout_questions": 1, "rows_per_role": 2, "probe_rows_per_role": 1, "probe_every": 1,
+            "format_threshold": 0.2,
+            "sft": {"steps": 3, "batch_size": 2, "lr": 1e-3, "max_length": 1024, "save_steps": 1,
+                    "lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1}}}
+    return WarmupParams.model_validate({**base, **kw})
+
+
+def test_warmup_probes_every_step_and_stops_at_the_threshold_or_the_cap(tiny_llama, tmp_path, monkeypatch):
+    from ragteam.warmup import sft as W
+
+    system = oracle_system("decor", PARAMS)
+    sampling = {"default": SamplingConfig(max_new_tokens=4)}
+    rates = iter([1.0, 0.5, 0.1, 0.0])      # what the probe measures before step 1 and after steps 1, 2, 3
+    monkeypatch.setattr(W.FormatProbe, "__call__", lambda self, model: {"format_error_rate": next(rates)})
+    res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "a"), _params(), sampling, CPU)
+    probes = [(h["step"], h["format_error_rate"]) for h in res.log_history if "format_error_rate" in h]
+    assert probes == [(0, 1.0), (1, 0.5), (2, 0.1)]                   # 0.1 < 0.2: stopped after step 2
+    assert res.global_step == 2 and res.extra["stopped_by"] == "threshold"
+    assert res.extra["rows_per_role"] == {r: 2 for r in D.POLICY_ROLES}   # 3 training questions, 2 rows per role
+    rates = iter([1.0, 0.9, 0.8, 0.7])
+    res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "b"), _params(), sampling, CPU)
+    assert res.global_step == 3 and res.extra["stopped_by"] == "step cap"
+
+
+def test_the_real_probe_runs_the_trainers_model_and_leaves_it_training(tiny_llama):
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragteam.train.common import LoraParams, lora_config
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama),
+                           lora_config(LoraParams(enabled=True, rank=4, alpha=8), str(tiny_llama)))
+    model.train()
+    probe = FormatProbe(oracle_system("decor", PARAMS), decor_rows(1), 1,
+                        {"default": SamplingConfig(max_new_tokens=6)}, CPU, str(tiny_llama),
+                        AutoTokenizer.from_pretrained(tiny_llama))
+    rates = probe(model)
+    assert rates["format_error_rate"] == 1.0          # a random 2-layer model writes no DECOR block
+    assert set(rates) == {"format_error_rate", *(f"format_error/{r}" for r in D.POLICY_ROLES)}
+    assert model.training
+
+
+def test_a_system_starts_from_its_warmup_or_from_the_backbone_where_it_was_off(tmp_path):
+    on, off, none = tmp_path / "mask", tmp_path / "jade", tmp_path / "decor"
+    on.mkdir(), off.mkdir(), none.mkdir()
+    (on / "config.json").write_text("{}")
+    (off / WARMUP_OFF).write_text(json.dumps({"enabled": False}))
+    assert start_model(on, "models/llm") == str(on)
+    assert start_model(off, "models/llm") == "models/llm"
+    with pytest.raises(DataError, match="warmup_joint@decor"):
+        start_model(none, "models/llm")
+
+
+def test_a_warmup_row_whose_warmup_was_off_is_the_base_model(tmp_path):
+    off = tmp_path / "mask"
+    off.mkdir()
+    (off / WARMUP_OFF).write_text(json.dumps({"enabled": False}))
+
+    class Pool:
+        def team(self, role_models, base, sampling):
+            return role_models, base
+
+    got, base = make_team(Pool(), SystemSpec(workflow="mask", model=str(off)), {}, "models/llm", {})
+    assert set(got.values()) == {"models/llm"} and base == "models/llm"
+    got, _ = make_team(Pool(), SystemSpec(workflow="mask", model="models/agents/mask"), {}, "models/llm", {})
+    assert set(got.values()) == {"models/agents/mask"}
+
+
+def test_reports_compare_the_warmup_with_the_base_and_rl_with_the_warmup():
+    systems = {n: SystemSpec(workflow="mask") for n in ("mask", "mask_warmup", "mask_trained")}
+    pairs = comparison_pairs(systems)
+    assert ("mask_trained", "mask") in pairs and ("mask_warmup", "mask") in pairs
+    assert ("mask_trained", "mask_warmup") in pairs
+
+
+def test_the_default_profile_warms_every_joint_system_up_and_the_paper_profile_does_not():
+    from ragteam.config import deep_merge
+    from ragteam.profiles import check_keys, load_profile
+
+    assert WarmupParams.model_validate(PARAMS["warmup"]).enabled
+    for s in PARAMS["joint"]["systems"]:
+        assert PARAMS["eval"]["systems"][f"{s}_warmup"]["model"] == f"models/warmup/{s}"
+    overlay = load_profile("paper", REPO / "profiles")
+    check_keys(PARAMS, overlay)
+    assert WarmupParams.model_validate(deep_merge(PARAMS, overlay)["warmup"]).enabled is False
