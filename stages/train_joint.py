@@ -9,6 +9,7 @@ checkpoints/train_joint_<system> (not a DVC out): a killed run, rerun, resumes f
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from ragteam.llm import LLMConfig
 from ragteam.train.curves import collapsed
 from ragteam.train.ppo import PPOParams, train_joint_ppo
 from ragteam.train.qagent import QAgentTrainParams
+from ragteam.warmup.start import WARMUP_DIR, start_model
 from stages.common import CHECKPOINTS, finish_agent, stage_main
 
 POOL = Path("data/prepared/train/pool.jsonl")
@@ -90,12 +92,15 @@ def run(system_name: str, params: dict) -> dict:
     rows = load_qa(POOL)
     rows = rows[: sp.max_questions] if sp.max_questions else rows
     retriever = open_retriever(jp.retriever)
+    start = start_model(WARMUP_DIR / system_name, llm.model)
     system = build_system(system_name, params, retriever)
+    if start != llm.model:   # frozen helper roles on "the base model" stay on the backbone, not on the warm-up's weights
+        system = dataclasses.replace(system, frozen_roles={r: p or llm.model for r, p in system.frozen_roles.items()})
     stage = f"train_joint_{system_name}"
-    print(f"{stage}: {ppo.steps} steps x {ppo.questions_per_step} questions of {len(rows)}, "
+    print(f"{stage}: from {start}, {ppo.steps} steps x {ppo.questions_per_step} questions of {len(rows)}, "
           f"{'critic ' + ppo.critic if system.critic else 'no critic (system advantages)'}, "
           f"LoRA {ppo.lora.enabled}, rollouts {ppo.rollout_backend} on {llm.backend}/{llm.device}", flush=True)
-    result = train_joint_ppo(system, rows, llm.model, CHECKPOINTS / stage, ppo, llm, dict(llm.sampling),
+    result = train_joint_ppo(system, rows, start, CHECKPOINTS / stage, ppo, llm, dict(llm.sampling),
                              run_tag={"retriever": jp.retriever, "max_questions": sp.max_questions},
                              on_step=lambda step, e: print(
                                  f"{stage}: step {step}/{ppo.steps} reward {e['reward']:.3f} episode F1 "
@@ -117,7 +122,7 @@ def run(system_name: str, params: dict) -> dict:
     extra["nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in curve)
     extra["questions"] = len(rows)
     return finish_agent(
-        result, curve, stage=stage, agent=system_name, base_model=llm.model,
+        result, curve, stage=stage, agent=system_name, base_model=start,
         backend=f"ragteam joint PPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
         params={"joint.ppo": ppo.model_dump(), f"joint.{system_name}": sp.model_dump(), "system": system.describe,
                 "retriever": jp.retriever},
@@ -158,15 +163,16 @@ def run_qagent(params: dict) -> dict:
     rows = rows[: tp.max_questions] if tp.max_questions else rows
     retriever = open_retriever(jp.retriever)
     generator_model = tp.generator or llm.model
+    start = start_model(WARMUP_DIR / "qagent", llm.model)
     pool = EnginePool(llm)
     generator = Team(lambda role: pool.get(generator_model), dict(llm.sampling))
     systems = {s: (lambda s=s: qagent_system(params, retriever, s, generator if s == "stage2" else None))
                for s in tp.stages}
-    print(f"{stage}: {' then '.join(f'{s} {per_stage[s].steps} steps' for s in tp.stages)}, each "
+    print(f"{stage}: from {start}, {' then '.join(f'{s} {per_stage[s].steps} steps' for s in tp.stages)}, each "
           f"{ppo.questions_per_step} questions x G {tp.group_size} of {len(rows)}, LoRA {ppo.lora.enabled}, "
           f"generator {generator_model}, on {llm.backend}/{llm.device}", flush=True)
     result, curve = train_qagent(
-        systems, rows, llm.model, CHECKPOINTS / stage, per_stage, llm, dict(llm.sampling),
+        systems, rows, start, CHECKPOINTS / stage, per_stage, llm, dict(llm.sampling),
         run_tag={"retriever": jp.retriever, "max_questions": tp.max_questions, "generator": generator_model},
         on_step=lambda s, step, e: print(
             f"{stage}: {s} step {step}/{per_stage[s].steps} reward {e['reward']:.3f} episode F1 "
@@ -188,7 +194,7 @@ def run_qagent(params: dict) -> dict:
         extra[f"{s}_seconds"] = round(sum(r.get("step_seconds", 0.0) for r in rs), 1)
         extra[f"{s}/nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in rs)
     return finish_agent(
-        result, curve, stage=stage, agent="qagent", base_model=llm.model,
+        result, curve, stage=stage, agent="qagent", base_model=start,
         backend=f"ragteam joint loop, multi-turn GRPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
         params={"joint.qagent": tp.model_dump(), **{f"joint.ppo ({s})": per_stage[s].model_dump() for s in tp.stages},
                 "qagent": dict(params.get("qagent") or {}),

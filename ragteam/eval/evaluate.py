@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -128,8 +129,14 @@ def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
 
 def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], base_model: str,
               sampling: Mapping[str, SamplingConfig], frozen_roles: Mapping[str, str] | None = None) -> Team:
-    """`frozen_roles`: helper roles on their own checkpoints whatever the system (DecorConfig.frozen_roles)."""
-    return engines.team({**(frozen_roles or {}), **role_models(spec, agents)}, base_model, sampling)
+    """`frozen_roles`: helper roles on their own checkpoints whatever the system (DecorConfig.frozen_roles).
+    A checkpoint dir that records a warm-up that was off (`<system>_warmup` rows, `ragteam.warmup.sft.start_model`)
+    is the base model: the system started from it."""
+    from ragteam.warmup.start import WARMUP_OFF, start_model
+
+    models = {role: start_model(path, base_model) if (Path(path) / WARMUP_OFF).is_file() else path
+              for role, path in role_models(spec, agents).items()}
+    return engines.team({**(frozen_roles or {}), **models}, base_model, sampling)
 
 
 class WorkflowConfigs(Strict):
@@ -285,7 +292,8 @@ def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequen
     """[a, b] pairs whose difference a - b the report tests; `compare` (eval.compare) wins when given.
 
     Derived rule, each pair oriented as (more trained, less trained): standard_rag vs native when both are rows (does
-    retrieval help at all); X_trained vs X for every system name that has both; every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
+    retrieval help at all); X_trained vs X for every system name that has both, likewise X_warmup vs X and X_trained
+    vs X_warmup (what RL adds to the format warm-up of a joint system); every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
     (no trained_agents, no fixed_rounds); the full trained MAPS system vs each ablation (trained_agents with
     base_roles, same fixed_rounds), so a positive difference is what the ablated trained agent adds.
     """
@@ -293,6 +301,8 @@ def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequen
         return [(a, b) for a, b in compare]
     pairs = [("standard_rag", "native")] if {"standard_rag", "native"} <= set(systems) else []
     pairs += [(f"{x}_trained", x) for x in systems if f"{x}_trained" in systems]
+    pairs += [(f"{x}_warmup", x) for x in systems if f"{x}_warmup" in systems]
+    pairs += [(f"{x}_trained", f"{x}_warmup") for x in systems if {f"{x}_trained", f"{x}_warmup"} <= set(systems)]
     maps_ = {n: s for n, s in systems.items() if s.workflow == "maps"}
     full = [n for n, s in maps_.items() if s.trained_agents and not s.base_roles and s.fixed_rounds is None]
     untrained = [n for n, s in maps_.items() if not s.trained_agents and s.fixed_rounds is None]

@@ -1,0 +1,104 @@
+"""Stage warmup_joint@<system> (issue 25 §2): the format warm-up of a joint system's shared policy, SFT (LoRA, loss
+on each role's output tokens only) on its oracle traces, stopped once the held-out format error rate is below
+`warmup.format_threshold` or at `warmup.sft.steps` (`ragteam.warmup.sft`). train_joint@<system> starts from it.
+
+Usage: python -m stages.warmup_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Writes models/warmup/<system>
+(LoRA merged, safetensors + model card), reports/training/warmup_joint_<system>.csv (+ PNG) and
+metrics/warmup_joint_<system>.json (held-out format error rate before and after, per role). With `warmup.enabled`
+false (the paper profile) it trains nothing and the dir holds only `warmup_off.json`: the system starts from
+llm.model. Checkpoints live in checkpoints/warmup_joint_<system>: a killed run, rerun, resumes.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ragteam.config import ParamsError, load_params, parse_section
+from ragteam.io import DataError, atomic_dir, write_json
+from ragteam.llm import LLMConfig
+from ragteam.llm.environment import lineage_environment
+from ragteam.train.checkpoints import save_agent
+from ragteam.train.curves import curve_rows, is_wall_clock, summarize, write_curves
+from ragteam.train.model_card import model_card
+from ragteam.warmup.sft import WarmupParams, train_warmup
+from ragteam.warmup.start import WARMUP_DIR, WARMUP_OFF
+from stages.common import CHECKPOINTS, CURVES, FIGURES
+from stages.oracle_traces import TRACES
+
+
+def curve(history: list[dict]) -> list[dict]:
+    """One row per step: the trainer's loss rows joined with the probe's format error rates (probe steps only)."""
+    rows = {r["step"]: r for r in curve_rows(history)}
+    for h in history:
+        if "format_error_rate" in h:
+            rows.setdefault(int(h["step"]), {"step": int(h["step"])}).update(
+                {k: v for k, v in h.items() if k.startswith("format_error")})
+    return [rows[s] for s in sorted(rows)]
+
+
+def run(system_name: str, params: dict) -> dict[str, Any]:
+    from ragteam.warmup.oracle import oracle_system
+    from ragteam.warmup.traces import read_traces
+
+    wp = parse_section(params, "warmup", WarmupParams)
+    out = WARMUP_DIR / system_name
+    if not wp.enabled:
+        with atomic_dir(out) as tmp:
+            write_json(tmp / WARMUP_OFF, {"enabled": False, "system": system_name})
+        print(f"warmup_joint@{system_name}: warmup.enabled is false: train_joint starts from llm.model", flush=True)
+        return {"enabled": False}
+    llm = parse_section(params, "llm", LLMConfig).for_stage(f"warmup_joint_{system_name}")
+    system = oracle_system(system_name, params)
+    path = TRACES / system_name / "traces.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path}: missing; run stage oracle_traces@{system_name} first (dvc repro)")
+    traces = read_traces(path, system)
+    stage = f"warmup_joint_{system_name}"
+    print(f"{stage}: SFT on the oracle traces of {len({r['question_id'] for r in traces})} questions "
+          f"({len(traces)} rows), at most {wp.rows_per_role} per role, until the held-out format error rate is below "
+          f"{wp.format_threshold} or {wp.sft.steps} steps", flush=True)
+    result = train_warmup(system, traces, llm.model, str(CHECKPOINTS / stage), wp, dict(llm.sampling), llm,
+                          run_tag={"system": system_name})
+    rows = curve(result.log_history)
+    probes = [r for r in rows if "format_error_rate" in r]
+    metrics: dict[str, Any] = {**summarize(rows, result.seconds, result.global_step), "enabled": True,
+                               "stopped_by": result.extra["stopped_by"], "samples": result.extra["samples"],
+                               "dropped_too_long": result.extra["dropped_too_long"],
+                               "probe_rows": result.extra["probe_rows"]}
+    if probes:
+        metrics["format_error_rate_before"] = probes[0]["format_error_rate"]
+        metrics["format_error_rate_after"] = probes[-1]["format_error_rate"]
+        metrics.update({f"{k}_after": v for k, v in probes[-1].items() if k.startswith("format_error/")})
+    write_curves(rows, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png",
+                 title=f"{system_name}: format warm-up (SFT on oracle traces)",
+                 panels=["loss", ("held-out format error rate", [k for k in probes[-1] if k.startswith("format_error")]
+                                  if probes else [])])
+    card = model_card(
+        agent=f"{system_name}-warmup", base_model=llm.model, backend="trl/sft (format warm-up)",
+        data={"oracle_traces": path}, params=wp.model_dump(),
+        reward="SFT, cross-entropy on each role's output tokens (oracle traces), stopped by the held-out format "
+               "error rate",
+        metrics={k: v for k, v in metrics.items() if not is_wall_clock(k)},
+        notes=(f"Rows per role: {result.extra['rows_per_role']}. The held-out probe answers "
+               f"{result.extra['probe_rows']} rows of the traces' last {wp.heldout_questions} questions greedily "
+               f"and parses them with each role's own parser. train_joint@{system_name} starts from these weights."))
+    save_agent(result, out, card)
+    metrics["seconds_this_run"] = round(result.seconds, 1)
+    return metrics
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m stages.warmup_joint <system>   (a name in joint.systems)")
+    name = sys.argv[1]
+    stage = f"warmup_joint_{name}"
+    try:
+        metrics = run(name, load_params())
+    except (ParamsError, DataError, ValueError) as e:
+        sys.exit(f"{stage} FAILED ({WARMUP_DIR / name} left untouched): {e}")
+    write_json(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()})
+    print(f"{stage}: {metrics}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
