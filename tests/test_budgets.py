@@ -1,26 +1,38 @@
 """Issue 23 §2, room to write the formats: every role's `llm.sampling.<role>.max_new_tokens` holds the longest valid
 output its workflow can need (`LONGEST_OUTPUTS` of each system module, see `ragteam.agents.core`), counted with the
 project's SmolLM2 tokenizer plus one EOS, in the default profile and in profiles/paper.yaml. A budget below that
-truncates a valid output into a format error that no training can fix."""
+truncates a valid output into a format error that no training can fix. Every other role of `llm.sampling` writes free
+text that its parser accepts at any non-empty length (FREE_TEXT): its budget bounds the text by design, and
+`test_every_sampled_role_is_either_sized_by_its_longest_output_or_free_text` fails on a role in neither list."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from ragteam.agents import decor, jade, maps, mask, qagent
-from ragteam.agents.core import FormatError
+from ragteam.agents import baselines, decor, ircot, jade, maps, mask, qagent, sure
+from ragteam.agents.core import LONG_ANSWER, FormatError
 from ragteam.config import deep_merge, load_params
 from ragteam.llm import LLMConfig, Team
 from ragteam.profiles import load_profile
+from ragteam.rewards.decor import parse_verdict
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = load_params(REPO / "params.yaml")
 PROFILES = {"default": PARAMS, "paper": deep_merge(PARAMS, load_profile("paper", REPO / "profiles"))}
 LONGEST = {**maps.LONGEST_OUTPUTS, **mask.LONGEST_OUTPUTS, **jade.LONGEST_OUTPUTS, **decor.LONGEST_OUTPUTS,
-           **qagent.LONGEST_OUTPUTS}
-# the roles whose budgets the issue names, and every role of the joint systems and of MAPS inference
-REQUIRED = {"query_agent", "judge_agent", "answer_agent", *mask.ROLES, *jade.ROLES, *decor.POLICY_ROLES, "qagent"}
+           **qagent.LONGEST_OUTPUTS, **baselines.LONGEST_OUTPUTS, **ircot.LONGEST_OUTPUTS, **sure.LONGEST_OUTPUTS}
+# the roles whose budgets the issue names, every role of the joint systems and of MAPS inference, the debate's
+# formatted roles, DECOR's LLM judge and the baselines' formatted roles
+REQUIRED = {"query_agent", "judge_agent", "answer_agent", *mask.ROLES, *jade.ROLES, *decor.POLICY_ROLES, "qagent",
+            "opponent", "moderator", "decor_judge", baselines.ROLE, ircot.ROLE, "candidate_generator", "verifier",
+            "ranker"}
+# Roles whose parser takes any non-empty text, and what bounds their budget instead of a longest output.
+FREE_TEXT = {
+    "proponent": "a DRAG argument read only by the moderator (maps.parse_proponent); a cut argument still parses",
+    "summarizer": "SuRe's supporting passage (sure.parse_summary keeps what precedes [DONE]); FlashRAG's 32 at paper",
+    "decor_summarizer": "the frozen DECOR memory summary (decor.parse_summary); the budget keeps it inside L_max",
+}
 
 
 def _max_update_steps(params: dict) -> int:
@@ -46,6 +58,9 @@ def _parsers(params: dict) -> dict:
         # a turn that opens with a reflection follows an <information> block
         "qagent": lambda t: qagent.parse_turn(t, after_information=t.startswith("<reflection>"),
                                               max_queries=params["qagent"]["max_queries"]),
+        "opponent": maps.parse_opponent, "moderator": maps.parse_moderator, "decor_judge": parse_verdict,
+        baselines.ROLE: maps.parse_answer, ircot.ROLE: ircot.parse_thought,
+        "candidate_generator": sure.parse_candidates, "verifier": sure.parse_validation, "ranker": sure.parse_ranking,
     }
 
 
@@ -55,6 +70,19 @@ def test_every_role_lists_longest_outputs_that_its_own_parser_accepts():
     bad = [f"{role}: {out.reason} in {text!r}" for role, texts in LONGEST.items() for text in texts
            for out in [parsers[role](text)] if isinstance(out, FormatError)]
     assert not bad, "\n".join(bad)
+    # the examples are the complete formats: the opponent's action line carries its query, IRCoT's last step answers
+    assert {maps.parse_opponent(t)["action"] for t in LONGEST["opponent"]} == {"expand", "concede"}
+    assert ircot.parse_ircot_answer(LONGEST[ircot.ROLE]) == f"{LONG_ANSWER}."
+    assert len(sure.parse_candidates(LONGEST["candidate_generator"][0])) == 2
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_sampled_role_is_either_sized_by_its_longest_output_or_free_text(profile):
+    """A role added to llm.sampling without longest outputs (or a stated free-text bound) fails here."""
+    roles = set(PROFILES[profile]["llm"]["sampling"]) - {"default"}
+    assert not set(LONGEST) & set(FREE_TEXT)
+    assert roles <= set(LONGEST) | set(FREE_TEXT), \
+        f"no LONGEST_OUTPUTS or FREE_TEXT entry for {sorted(roles - set(LONGEST) - set(FREE_TEXT))}"
 
 
 def test_longest_outputs_reach_the_limits_of_the_default_params():

@@ -117,6 +117,10 @@ def test_paper_profile_sets_the_maps_choices_and_every_section_validates(tmp_pat
     assert default.questions_for("standard_rag") > default.questions_for("maps") > default.n_questions
     sp = parse_section(merged, "synthesize", SynthesizeParams)
     assert (sp.max_q1, sp.max_t2, sp.judge_candidates) == (8148, 10000, ["t2"])
+    # MAPS Sec. 3.2: the answer agent's questions are the medium and hard splits; the profile states it itself, so a
+    # default changed for the CPU budget (it once kept hard only) cannot change the paper's pool
+    assert sp.answer_pool == ["medium", "hard"]
+    assert load_profile("paper", repo / "profiles")["synthesize"]["answer_pool"] == ["medium", "hard"]
     assert parse_section(merged, "train_answer", TrainAnswerParams).alpha == 0.5
     llm = parse_section(merged, "llm", LLMConfig)
     assert llm.sampling["opponent"].max_new_tokens >= 256 and llm.sampling["proponent"].max_new_tokens >= 256

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from ragteam.agents.core import clip_words, finish_episode, llm_step, new_episode, retrieve_step
+from ragteam.agents.core import LONG_ANSWER, clip_words, finish_episode, llm_step, new_episode, retrieve_step
 from ragteam.agents.ircot import IRCoTConfig
 from ragteam.agents.sure import SuReConfig
 from ragteam.agents.maps import is_stub, parse_answer
@@ -100,3 +100,8 @@ def run_iter_retgen(rows: Sequence[dict], team: Team, retriever: Retriever, cfg:
         for c, h in zip(calls, hits):
             c.retrieved_ids = [x.id for x in h]
     return _finish(eps, calls)
+
+# ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
+# The answer alone, as the prompts ask.
+
+LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {ROLE: (LONG_ANSWER,)}

@@ -290,8 +290,10 @@ def fallback_answerer(text: str) -> str:
 
 
 # ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
-# In the templates' layout (tags on their own lines), with one realistic sentence of reasoning in <think>. The
-# frozen summarizer is not listed: it has no format to complete, its budget bounds a summary by design.
+# In the templates' layout (tags on their own lines), with one realistic sentence of reasoning in <think>; the LLM
+# judge (`decor.judge: llm`, role decor_workflow.JUDGE_ROLE) answers YES / NO (Appendix B, parsed by
+# ragteam.rewards.decor.parse_verdict). The frozen summarizer is not listed: it has no format to complete (any
+# non-empty paragraph parses), its budget bounds a summary by design.
 
 LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
     PLANNER: ("<think>\nThe history is empty, so the film's director, his employer and its headquarters country are "
@@ -303,4 +305,5 @@ LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
              "which is headquartered in Benel, Rucaia.\n</filter>",),
     ANSWERER: ("<think>\nThe history says Hali Quiver directed The Lost Borben and works for Anzan Studios, "
                f"headquartered in Benel, Rucaia.\n</think>\n<answer>\n{LONG_ANSWER}\n</answer>",),
+    "decor_judge": ("YES", "NO"),
 }

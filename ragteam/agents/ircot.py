@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from ragteam.agents.core import (FormatError, QueryPool, add_to_pool, clip_words, finish_episode, llm_step,
+from ragteam.agents.core import (LONG_ANSWER, FormatError, QueryPool, add_to_pool, clip_words, finish_episode, llm_step,
                                  new_episode, retrieve_step)
 from ragteam.config import Strict
 from ragteam.llm import Messages, Team
@@ -170,3 +170,12 @@ def run_ircot(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: IRCoT
         ep.meta.update(thoughts=thoughts[i], iterations=len(thoughts[i]), stop_reason=stop[i])
         finish_episode(ep, pools[i])
     return eps
+
+# ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
+# One thought per call, as the instruction asks: a hop of the chain, or the final step that starts with
+# ANSWER_PREFIX. A thought cut by the budget still parses; one that would reach the answer later is the next query.
+
+LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
+    ROLE: ("Hali Quiver, the director of The Lost Borben, works for Anzan Studios.",
+           f"{ANSWER_PREFIX} {LONG_ANSWER}."),
+}

@@ -287,10 +287,16 @@ def parse_moderator(text: str) -> str | FormatError:
 
 
 # ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
-# The three MAPS agents; the debate roles (synthesis and the DRAG baseline) argue in free text of no fixed length.
+# The three MAPS agents and the debate roles that have a format (synthesis and the DRAG baseline): the opponent's
+# "brief, strong argument" as one sentence, then its action line; the moderator's name. The proponent argues in free
+# text (any non-empty argument parses, a cut one too): it is not listed, its budget bounds an argument by design.
 
 LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
     "query_agent": ("Lost Borben director employer company headquarters city country",),   # MAX_KEYWORDS keywords
     "judge_agent": (INSUFFICIENT, SUFFICIENT),
     "answer_agent": (LONG_ANSWER,),
+    "opponent": ("Doc 1 names Hali Quiver as the director of The Lost Borben, but no document says who employs him or "
+                 "where his employer is headquartered.\nQuery Expansion: [Hali Quiver employer headquarters country]",
+                 "Concede"),
+    "moderator": (PROPONENT, OPPONENT),
 }

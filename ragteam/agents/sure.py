@@ -192,3 +192,13 @@ def run_sure(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: SuReCo
                                                     "SuRe's fallback)")
         finish_episode(ep)
     return eps
+
+# ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
+# Two candidates of at most 3 words each (the prompt's limit), the verdicts and the ranking. The summarizer is not
+# listed: it writes a free passage (anything before `[DONE]` parses, a cut one too), its budget bounds it by design.
+
+LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "candidate_generator": ("(a) Thomas Lawley Baronet, (b) Robert Lawley Baronet",),
+    "verifier": ("True", "False"),
+    "ranker": ("Passage 1", "Passage 2"),
+}

@@ -17,7 +17,7 @@ Judges (`judge: rules | llm` in params):
   kept as AgentCalls in `Episode.meta["judge_calls"]`, errors in `meta["judge_errors"]`), scored 0 (R_LJ = 0,
   R_role = 0: no signal), never raised. An empty prediction is not sent: R_LJ = 0 (B.1: "FORMAT ERROR" -> NO).
 - `RuleJudge` (offline default) computes the verdicts from data the pipeline already has; the rules are in its
-  docstring and in the README ("DECOR judge rules").
+  docstring (the one place they are written; docs/systems.md's `decor` row names the two judges).
 Gold answers are joined with "@@@" for every prompt's "Golden Answer" / "Reference Answer".
 """
 from __future__ import annotations

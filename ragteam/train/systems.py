@@ -66,7 +66,9 @@ def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     Algorithm 1 (`run_jade`: JADE's training rollout is its inference procedure), rewarded by Eq. 6-8
     (`ragteam.rewards.jade.assign_rewards`: R_global on the terminal call, −`jade.reward.format_penalty` on every
     malformed call). GAE runs over each episode's flattened call sequence (`gae_scope="episode"`), so the round-1
-    planner is credited with the terminal reward through the critic."""
+    planner is credited with the terminal reward through the critic. The Eq. 7 format penalties sit on the malformed
+    calls themselves, yet the same episode GAE also charges each one (discounted by γλ) to every earlier call of the
+    episode: this follows Algorithm 2's GAE over the flattened calls, not a per-call credit."""
     from ragteam.agents import jade as J
     from ragteam.agents.jade_workflow import JadeConfig, run_jade
     from ragteam.rewards.jade import assign_rewards
