@@ -187,3 +187,37 @@ def test_the_default_profile_warms_every_joint_system_up_and_the_paper_profile_d
     overlay = load_profile("paper", REPO / "profiles")
     check_keys(PARAMS, overlay)
     assert WarmupParams.model_validate(deep_merge(PARAMS, overlay)["warmup"]).enabled is False
+
+
+def test_stage_with_the_warmup_off_trains_nothing_and_train_joint_starts_from_the_backbone(tmp_path, monkeypatch):
+    from stages import warmup_joint
+
+    monkeypatch.chdir(tmp_path)
+    params = {**PARAMS, "warmup": {**PARAMS["warmup"], "enabled": False}}
+    assert warmup_joint.run("mask", params) == {"enabled": False}
+    out = tmp_path / "models/warmup/mask"
+    assert [p.name for p in out.iterdir()] == [WARMUP_OFF]
+    assert start_model(out, PARAMS["llm"]["model"]) == PARAMS["llm"]["model"]
+
+
+def test_stages_name_the_missing_input_and_the_stage_that_makes_it(tmp_path, monkeypatch):
+    from ragteam.config import ParamsError
+    from stages import oracle_traces, warmup_joint
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match="run stage prepare_data"):
+        oracle_traces.run("mask", PARAMS)
+    with pytest.raises(ParamsError, match="warmup.questions"):
+        oracle_traces.run("mask", {**PARAMS, "warmup": {**PARAMS["warmup"], "questions": -1}})
+    with pytest.raises(DataError, match="run stage oracle_traces@mask"):
+        warmup_joint.run("mask", PARAMS)
+
+
+def test_the_probe_generates_with_what_the_workflow_adds_to_a_roles_sampling():
+    from ragteam.agents import qagent as Q
+
+    system = oracle_system("qagent", PARAMS)
+    probe = FormatProbe(system, [row("q0", "qagent", "<answer>x</answer>", eos=False)], 1,
+                        {"qagent": SamplingConfig(max_new_tokens=104, temperature=1.0)}, CPU, "unused", None)
+    s = probe.sampling["qagent"]
+    assert set(Q.STOP_STRINGS) <= set(s.stop) and s.temperature == 0 and s.max_new_tokens == 104

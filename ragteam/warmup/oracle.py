@@ -486,6 +486,8 @@ class OracleSystem:
     incomplete: Callable[[Episode], str | None]                       # why an episode is no trace (None: it is)
     parser: Callable[[str, Messages], Callable[[str], Any]]           # (role, prompt) -> the role's own parser
     describe: dict[str, Any] = field(default_factory=dict)
+    # (role, the role's llm.sampling) -> what the workflow generates with (QAgent adds Algorithm 1's stop strings)
+    sampling: Callable[[str, SamplingConfig], SamplingConfig] = lambda role, s: s
 
 
 def mask_oracle(params: dict[str, Any]) -> OracleSystem:
@@ -511,7 +513,7 @@ def mask_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 def qagent_oracle(params: dict[str, Any]) -> OracleSystem:
-    from ragteam.agents.qagent_workflow import ROLE, QAgentConfig, run_qagent
+    from ragteam.agents.qagent_workflow import ROLE, QAgentConfig, agent_sampling, run_qagent
     from ragteam.rewards.qagent import qagent_rewards_stage1
 
     cfg = parse_section(params, "qagent", QAgentConfig)
@@ -529,7 +531,7 @@ def qagent_oracle(params: dict[str, Any]) -> OracleSystem:
         replies=lambda gold: {ROLE: lambda m: qagent_turn(gold, m, cfg.max_queries)},
         run=lambda rows, team, retriever: run_qagent(rows, team, retriever, cfg, plugin=False, system="qagent"),
         annotate=qagent_rewards_stage1, incomplete=incomplete,
-        parser=lambda role, m: qagent_parser(m, cfg.max_queries),
+        parser=lambda role, m: qagent_parser(m, cfg.max_queries), sampling=lambda role, s: agent_sampling(s),
         describe={"workflow": "ragteam.agents.qagent_workflow.run_qagent (end to end)", "reward": "Eq. 7",
                   "qagent": cfg.model_dump()})
 

@@ -114,8 +114,9 @@ class FormatProbe:
         if not self.rows:
             raise ValueError(f"warm-up probe for {system.name}: no held-out rows")
         self.cfg = engine_cfg.model_copy(update={"prefix_cache_tokens": 0})   # the weights change between probes
-        self.sampling = {role: (sampling.get(role) or sampling.get("default") or SamplingConfig()).model_copy(
-            update={"temperature": 0.0, "n": 1}) for role in self.roles}
+        self.sampling = {role: system.sampling(role, sampling.get(role) or sampling.get("default")
+                                               or SamplingConfig()).model_copy(update={"temperature": 0.0, "n": 1})
+                         for role in self.roles}     # greedy, with what the workflow adds (QAgent's stop strings)
 
     def outputs(self, model) -> list[str]:
         """The policy's greedy output for each probe row, ended as the workflow ends it (the stop string kept where
@@ -140,9 +141,12 @@ class FormatProbe:
 
     def __call__(self, model) -> dict[str, float]:
         errors: dict[str, list[bool]] = defaultdict(list)
+        self.failures: dict[str, tuple[str, str]] = {}    # role -> (reason, output) of its first malformed output
         for row, text in zip(self.rows, self.outputs(model)):
             parsed = self.system.parser(row["role"], row["messages"])(text)
             errors[row["role"]].append(isinstance(parsed, FormatError))
+            if isinstance(parsed, FormatError):
+                self.failures.setdefault(row["role"], (parsed.reason, text))
         rates = {role: sum(v) / len(v) for role, v in sorted(errors.items())}
         return {"format_error_rate": round(sum(rates.values()) / len(rates), 4),
                 **{f"format_error/{role}": round(v, 4) for role, v in rates.items()}}
@@ -159,6 +163,8 @@ def probe_callback(probe: FormatProbe, every: int, threshold: float):
             state.log_history.append({"step": state.global_step, **rates})
             print(f"warm-up: step {state.global_step} held-out format errors {rates['format_error_rate']:.2f} "
                   + " ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in rates.items() if "/" in k), flush=True)
+            for role, (reason, text) in getattr(probe, "failures", {}).items():   # what to fix, when it does not learn
+                print(f"warm-up:   {role}: {reason}: {text[:300]!r}", flush=True)
             if rates["format_error_rate"] < threshold:
                 control.should_training_stop = True
 
