@@ -124,6 +124,11 @@ def test_warmup_probes_every_step_and_stops_at_the_threshold_or_the_cap(tiny_lla
     rates = iter([1.0, 0.9, 0.8, 0.7])
     res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "b"), _params(), sampling, CPU)
     assert res.global_step == 3 and res.extra["stopped_by"] == "step cap"
+    rates = iter([0.5, 0.1])                # no probe of the start model: the first probe follows step 1
+    res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "c"),
+                         _params(probe_at_start=False, probe_every=2), sampling, CPU)
+    probes = [(h["step"], h["format_error_rate"]) for h in res.log_history if "format_error_rate" in h]
+    assert probes == [(2, 0.5), (3, 0.1)] and res.extra["stopped_by"] == "threshold"   # every 2, and at the cap
 
 
 def test_the_real_probe_runs_the_trainers_model_and_leaves_it_training(tiny_llama):

@@ -6,7 +6,7 @@ held-out format error rate.
                    (`ragteam.llm.chat_text`, as the engines encode it), then the response's ids, then EOS where the
                    response ended on EOS; loss on the response tokens only (TRL SFTTrainer, `completion_mask`)
 
-Every `eval_every` optimiser steps (and once before the first) `FormatProbe` has the policy answer the probe rows'
+Every `probe_every` optimiser steps (and once before the first, with `probe_at_start`) `FormatProbe` has the policy answer the probe rows'
 prompts greedily with each role's own sampling settings (budget, stop strings) through the project's HF engine, and
 parses each output with the role's own parser: the held-out format error rate per role, and their mean. Training
 stops when the mean falls below `format_threshold`, or at `sft.steps` (the cap). Tokenising the prompt and the
@@ -43,6 +43,7 @@ class WarmupParams(Strict):
     rows_per_role: int = Field(64, ge=1)              # SFT rows per role at most (each role gets its share)
     probe_rows_per_role: int = Field(4, ge=1)         # held-out rows per role the probe answers
     probe_every: int = Field(8, ge=1)                 # optimiser steps between probes
+    probe_at_start: bool = True                       # probe the start model too (format_error_rate_before)
     format_threshold: float = Field(0.2, ge=0, le=1)  # stop once the probe's mean format error rate is below it
     sft: SFTParams                                    # steps = the cap; lora: the warm-up's adapter (merged after)
 
@@ -152,9 +153,9 @@ class FormatProbe:
                 **{f"format_error/{role}": round(v, 4) for role, v in rates.items()}}
 
 
-def probe_callback(probe: FormatProbe, every: int, threshold: float):
-    """A TrainerCallback: probe before the first step and every `every` steps; log the rates into the trainer's
-    history; stop training once the mean rate is below `threshold`."""
+def probe_callback(probe: FormatProbe, every: int, threshold: float, at_start: bool = True):
+    """A TrainerCallback: probe before the first step (`at_start`) and every `every` steps; log the rates into the
+    trainer's history; stop training once the mean rate is below `threshold`."""
     from transformers import TrainerCallback
 
     class FormatStop(TrainerCallback):
@@ -169,7 +170,7 @@ def probe_callback(probe: FormatProbe, every: int, threshold: float):
                 control.should_training_stop = True
 
         def on_train_begin(self, args, state, control, model=None, **kw):
-            if state.global_step == 0:
+            if at_start and state.global_step == 0:
                 self._probe(state, control, model)
             return control
 
@@ -202,7 +203,7 @@ def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, 
                      threshold=p.format_threshold, every=p.probe_every, tag=run_tag or {})
     resume = prepare_resume(ckpt_dir, fp)
     trainer = sft_trainer(rows, model_path, ckpt_dir, p.sft,
-                          callbacks=[probe_callback(probe, p.probe_every, p.format_threshold)])
+                          callbacks=[probe_callback(probe, p.probe_every, p.format_threshold, p.probe_at_start)])
     history, step, seconds = run_resumable(trainer, resume)
     probes = [h for h in history if "format_error_rate" in h]
     last = probes[-1]["format_error_rate"] if probes else None
