@@ -4,7 +4,8 @@ on each role's output tokens only) on its oracle traces, stopped once the held-o
 
 Usage: python -m stages.warmup_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Writes models/warmup/<system>
 (LoRA merged, safetensors + model card), reports/training/warmup_joint_<system>.csv (+ PNG) and
-metrics/warmup_joint_<system>.json (held-out format error rate before and after, per role). With `warmup.enabled`
+metrics/warmup_joint_<system>.json (held-out format error rate at the first probe and after, per role; before, when
+the start model is probed). With `warmup.enabled`
 false (the paper profile) it trains nothing and the dir holds only `warmup_off.json`: the system starts from
 llm.model. Checkpoints live in checkpoints/warmup_joint_<system>: a killed run, rerun, resumes.
 """
@@ -22,7 +23,7 @@ from ragteam.train.curves import curve_rows, is_wall_clock, summarize, write_cur
 from ragteam.train.model_card import model_card
 from ragteam.warmup.sft import WarmupParams, train_warmup
 from ragteam.warmup.start import WARMUP_DIR, WARMUP_OFF
-from stages.common import CHECKPOINTS, CURVES, FIGURES
+from stages.common import CHECKPOINTS, CURVES, FIGURES, train_seconds
 from stages.oracle_traces import TRACES
 
 
@@ -61,12 +62,18 @@ def run(system_name: str, params: dict) -> dict[str, Any]:
                           run_tag={"system": system_name})
     rows = curve(result.log_history)
     probes = [r for r in rows if "format_error_rate" in r]
-    metrics: dict[str, Any] = {**summarize(rows, result.seconds, result.global_step), "enabled": True,
+    # the logged step times (probes included) survive in the checkpointed history: a rerun that only reloads the
+    # finished warm-up reports the time that made the weights, like every training stage
+    metrics: dict[str, Any] = {**summarize(rows, train_seconds(rows, result.seconds), result.global_step),
+                               "enabled": True,
                                "stopped_by": result.extra["stopped_by"], "samples": result.extra["samples"],
                                "dropped_too_long": result.extra["dropped_too_long"],
                                "probe_rows": result.extra["probe_rows"]}
     if probes:
-        metrics["format_error_rate_before"] = probes[0]["format_error_rate"]
+        if probes[0]["step"] == 0:            # warmup.probe_at_start: the start model's own rate
+            metrics["format_error_rate_before"] = probes[0]["format_error_rate"]
+        metrics["first_probe_step"] = probes[0]["step"]
+        metrics["format_error_rate_first_probe"] = probes[0]["format_error_rate"]
         metrics["format_error_rate_after"] = probes[-1]["format_error_rate"]
         metrics.update({f"{k}_after": v for k, v in probes[-1].items() if k.startswith("format_error/")})
     write_curves(rows, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png",

@@ -69,10 +69,12 @@ def test_sft_ids_are_the_engines_prompt_then_the_response_with_eos_only_where_th
     # a response that a stop string ended keeps it and gets no EOS: the engine stopped there, the turn goes on
     stopped = row("q0", "qagent", "<plan>x</plan><search>", eos=False)
     ids, mask = sft_ids(stopped, tok)
-    assert ids[-1] != tok.eos_token_id and sum(mask) == len(tok(stopped["response"], add_special_tokens=False).input_ids)
+    assert ids[-1] != tok.eos_token_id
+    assert sum(mask) == len(tok(stopped["response"], add_special_tokens=False).input_ids)
     # QAgent's later turns continue the assistant message: its <information> block is prompt, never a target
     turn2 = row("q0", "qagent", "<reflection>ok</reflection>", messages=[
-        {"role": "user", "content": "q"}, {"role": "assistant", "content": "<search>x</search><information>doc</information>"}])
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "<search>x</search><information>doc</information>"}])
     ids, mask = sft_ids(turn2, tok)
     prompt = engine.encode(turn2["messages"])
     assert ids[: len(prompt)] == prompt and chat_text(tok, turn2["messages"]).endswith("</information>")
@@ -226,3 +228,28 @@ def test_the_probe_generates_with_what_the_workflow_adds_to_a_roles_sampling():
                         {"qagent": SamplingConfig(max_new_tokens=104, temperature=1.0)}, CPU, "unused", None)
     s = probe.sampling["qagent"]
     assert set(Q.STOP_STRINGS) <= set(s.stop) and s.temperature == 0 and s.max_new_tokens == 104
+
+
+def test_a_rerun_of_a_warmup_that_stopped_at_the_threshold_loads_it_and_trains_no_further(tiny_llama, tmp_path,
+                                                                                          monkeypatch):
+    import torch
+
+    from ragteam.warmup import sft as W
+
+    system = oracle_system("decor", PARAMS)
+    sampling = {"default": SamplingConfig(max_new_tokens=4)}
+    rates = iter([1.0, 0.5, 0.1])
+    monkeypatch.setattr(W.FormatProbe, "__call__", lambda self, model: {"format_error_rate": next(rates)})
+    first = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path), _params(), sampling, CPU)
+    assert first.global_step == 2 and W.stopped_at_threshold(tmp_path / "checkpoint-2", 0.2)
+    weights = {k: v.detach().clone() for k, v in first.model.named_parameters() if "lora" in k}
+
+    def no_probe(self, model):
+        raise AssertionError("a finished warm-up must not train or probe again")
+
+    monkeypatch.setattr(W.FormatProbe, "__call__", no_probe)
+    again = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path), _params(), sampling, CPU)
+    assert again.global_step == 2 and again.resumed_from == 2 and again.extra["stopped_by"] == "threshold"
+    for k, v in again.model.named_parameters():
+        if "lora" in k:
+            assert torch.equal(v, weights[k]), k

@@ -6,10 +6,13 @@ held-out format error rate.
                    (`ragteam.llm.chat_text`, as the engines encode it), then the response's ids, then EOS where the
                    response ended on EOS; loss on the response tokens only (TRL SFTTrainer, `completion_mask`)
 
-Every `probe_every` optimiser steps (and once before the first, with `probe_at_start`) `FormatProbe` has the policy answer the probe rows'
-prompts greedily with each role's own sampling settings (budget, stop strings) through the project's HF engine, and
-parses each output with the role's own parser: the held-out format error rate per role, and their mean. Training
-stops when the mean falls below `format_threshold`, or at `sft.steps` (the cap). Tokenising the prompt and the
+Every `probe_every` optimiser steps (and once before the first, with `probe_at_start`) `FormatProbe` has the policy
+answer the probe rows' prompts greedily with each role's own sampling settings as its workflow sends them (budget,
+stop strings) through the project's HF engine, and parses each output with the role's own parser: the held-out
+format error rate per role, and their mean. Training stops when the mean falls below `format_threshold`, or at
+`sft.steps` (the cap); a rerun of a warm-up that stopped at the threshold reloads it and trains no further. The
+probe is greedy: the RL rollouts sample (temperature 1), and their own first-step format error rate
+(`metrics/train_joint_<system>.json`) says how much of the format survives sampling. Tokenising the prompt and the
 response apart is how the engines see a call (prompt ids, then sampled ids), so the warm-up teaches the very token
 sequences a rollout produces; a response whose text ends on a stop string keeps it (the workflows' `keep_stop`).
 
@@ -19,8 +22,10 @@ instruct models that follow the formats; the paper profile keeps their recipe (`
 """
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -182,6 +187,29 @@ def probe_callback(probe: FormatProbe, every: int, threshold: float, at_start: b
     return FormatStop()
 
 
+def stopped_at_threshold(checkpoint: str | Path, threshold: float) -> bool:
+    """Whether the probe logged last in `checkpoint`'s trainer state (at its own step) was below `threshold`."""
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+    probes = [h for h in state.get("log_history", []) if "format_error_rate" in h]
+    return (bool(probes) and probes[-1]["step"] == state.get("global_step")
+            and probes[-1]["format_error_rate"] < threshold)
+
+
+def load_checkpoint(model, checkpoint: str | Path) -> None:
+    """The weights a trainer saved in `checkpoint` into `model` (its LoRA adapter, or the whole model)."""
+    from safetensors.torch import load_file
+
+    ckpt = Path(checkpoint)
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(ckpt / "adapter_model.safetensors"))
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"{ckpt}: adapter weights that the model lacks: {result.unexpected_keys[:3]}")
+    else:
+        model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+
+
 # ---- train ----------------------------------------------------------------------------------------------------------
 
 def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, ckpt_dir: str, p: WarmupParams,
@@ -198,13 +226,21 @@ def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, 
     chosen = per_role(train, p.rows_per_role)
     rows, dropped = tokenized_rows(chosen, tok, p.sft.max_length)
     probe = FormatProbe(system, held, p.probe_rows_per_role, sampling, engine_cfg, model_path, tok)
-    fp = fingerprint(kind="warmup_sft", system=system.name, params=model_params(p.sft), model=model_identity(model_path),
+    fp = fingerprint(kind="warmup_sft", system=system.name, params=model_params(p.sft),
+                     model=model_identity(model_path),
                      data=rows, probe=[[r["question_id"], r["role"]] for r in probe.rows],
                      threshold=p.format_threshold, every=p.probe_every, tag=run_tag or {})
     resume = prepare_resume(ckpt_dir, fp)
-    trainer = sft_trainer(rows, model_path, ckpt_dir, p.sft,
-                          callbacks=[probe_callback(probe, p.probe_every, p.format_threshold, p.probe_at_start)])
-    history, step, seconds = run_resumable(trainer, resume)
+    callbacks = [probe_callback(probe, p.probe_every, p.format_threshold, p.probe_at_start)]
+    trainer = sft_trainer(rows, model_path, ckpt_dir, p.sft, callbacks=callbacks)
+    if resume and stopped_at_threshold(resume, p.format_threshold):
+        # the run already ended there: load it and train no further (the trainer would go on to the cap), so a
+        # rerun gives the same model
+        load_checkpoint(trainer.model, resume)
+        state = json.loads((Path(resume) / "trainer_state.json").read_text(encoding="utf-8"))
+        history, step, seconds = list(state["log_history"]), int(state["global_step"]), 0.0
+    else:
+        history, step, seconds = run_resumable(trainer, resume)
     probes = [h for h in history if "format_error_rate" in h]
     last = probes[-1]["format_error_rate"] if probes else None
     return TrainResult(model=trainer.model, tokenizer=tok, log_history=history, global_step=step, seconds=seconds,
