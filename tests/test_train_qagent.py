@@ -362,6 +362,14 @@ def test_stage_trains_both_stages_to_a_saved_agent_with_a_card(tiny, tmp_path, m
     monkeypatch.chdir(tmp_path)
     write_jsonl(Path("data/prepared/train/pool.jsonl"), ROWS)
     monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: KeywordRetriever(PASSAGES))
+    from ragteam.io import DataError
+    from ragteam.warmup.start import WARMUP_OFF
+    with pytest.raises(DataError, match="warmup_joint@qagent"):     # train_joint starts where the warm-up left off
+        stage.run("qagent", params)
+    assert not (tmp_path / "models/agents/qagent").exists()
+    # what warmup_joint@qagent writes with warmup.enabled false: the joint stage starts from the base model
+    (tmp_path / "models/warmup/qagent").mkdir(parents=True)
+    (tmp_path / "models/warmup/qagent" / WARMUP_OFF).write_text(json.dumps({"enabled": False, "system": "qagent"}))
     metrics = stage.run("qagent", params)
     card = (tmp_path / "models/agents/qagent/README.md").read_text()
     assert "Eq. 7" in card and "Eq. 8-10" in card and "masked" in card
