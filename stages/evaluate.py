@@ -18,8 +18,8 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.eval.evaluate import (EvalConfig, WorkflowConfigs, add_intervals, compare_systems, comparison_pairs,
-                                   make_team, no_answer_reasons, question_scores, run_system, summarize,
-                                   with_average)
+                                   make_team, no_answer_reasons, question_scores, rows_without_their_stage, run_system,
+                                   summarize, with_average, without_rows)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, write_json
@@ -144,6 +144,10 @@ def main() -> None:
         ensure_engine_environment("evaluate", params)
         llm = parse_section(params, "llm", LLMConfig).for_stage("evaluate")
         ev = parse_section(params, "eval", EvalConfig)
+        left_out = rows_without_their_stage(ev, params.get("joint") or {})
+        for name, why in left_out.items():
+            print(f"evaluate: row {name} left out: {why}", flush=True)
+        ev = without_rows(ev, left_out)
         metrics = run(llm, WorkflowConfigs.from_params(params, ev.baselines), ev)
     except (ParamsError, DataError, EngineDead) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")

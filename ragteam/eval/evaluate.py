@@ -34,7 +34,7 @@ from ragteam.agents.mask_workflow import MaskConfig, run_mask
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
 from ragteam.agents.qagent_workflow import GENERATOR_ROLE as QAGENT_GENERATOR, QAgentConfig, run_qagent
 from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
-from ragteam.config import Strict
+from ragteam.config import ParamsError, Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
 from ragteam.eval.metrics import answer_metrics, has_answer
@@ -125,6 +125,43 @@ def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
     if not spec.trained_agents:
         return {}
     return {role: path for role, path in agents.items() if role not in spec.base_roles}
+
+
+JOINT_CHECKPOINTS = ("models/agents", "models/warmup")   # train_joint@<system> / warmup_joint@<system> write <dir>/<system>
+
+
+def rows_without_their_stage(ev: EvalConfig, joint: Mapping) -> dict[str, str]:
+    """The rows of `ev.systems` that read a checkpoint of a joint system the pipeline does not train: row -> why.
+
+    `joint` is params.yaml's `joint` section. Its systems are the sub-sections other than `ppo`; the ones listed in
+    `joint.systems` get `train_joint@` / `warmup_joint@` stages (dvc.yaml foreach), the others none, so a row whose
+    role model is `models/agents/<x>` or `models/warmup/<x>` for such an x has nothing to read: the stage leaves it
+    out and says so (and `evaluate`'s deps, the whole `models/agents` and `models/warmup` directories, do not name
+    it)."""
+    listed = set(joint.get("systems") or [])
+    known = {k for k, v in joint.items() if isinstance(v, dict) and k != "ppo"} | listed
+    out: dict[str, str] = {}
+    for name, spec in ev.systems.items():
+        used = role_models(spec, ev.agents)
+        for path in (used[r] for r in ROLES[spec.workflow] if r in used):   # maps never loads eval.agents.qagent
+            parts = Path(path).parts
+            root, system = "/".join(parts[:2]), parts[2] if len(parts) == 3 else None
+            if root in JOINT_CHECKPOINTS and system in known - listed:
+                stage = "train_joint" if root == "models/agents" else "warmup_joint"
+                out[name] = (f"reads {path}, which {stage}@{system} would write, but {system} is not in "
+                             f"joint.systems {sorted(listed)}")
+                break
+    return out
+
+
+def without_rows(ev: EvalConfig, dropped: Iterable[str]) -> EvalConfig:
+    """`ev` without the rows `dropped`; an explicit `eval.compare` pair naming one of them is an error."""
+    dropped = set(dropped)
+    for i, pair in enumerate(ev.compare or []):
+        if dropped & set(pair):
+            raise ParamsError(f"params.yaml: eval.compare[{i}] = {list(pair)}: {sorted(dropped & set(pair))} left out (a joint "
+                             f"system not in joint.systems); remove the pair or add the system to joint.systems")
+    return ev.model_copy(update={"systems": {n: s for n, s in ev.systems.items() if n not in dropped}})
 
 
 def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], base_model: str,
