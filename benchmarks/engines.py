@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault(var, str(REPO / ".vllm-cache" / "bench" / sub))
     (REPO / ".vllm-cache").mkdir(exist_ok=True)
     from ragteam.config import load_params
-    from ragteam.llm.environment import runtime_environment
+    from ragteam.environment import runtime_environment
 
     params = load_params(REPO / "params.yaml")
     load_before = os.getloadavg()

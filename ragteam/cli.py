@@ -263,9 +263,10 @@ def lineage_cmd(
         typer.echo(f"  param     {name} = {json.dumps(p['current'], default=str)}{same}")
     env = info.get("environment")
     if env:
-        pkgs = ", ".join(f"{env.get('vllm_dist') or k if k == 'vllm' else k} {v}"
-                         for k, v in (env.get("packages") or {}).items() if v)
-        typer.echo(f"  env       {env.get('env', '?')} environment, Python {env.get('python', '?')}: {pkgs}")
+        from ragteam.environment import packages_line
+
+        typer.echo(f"  env       {env.get('env', '?')} environment, Python {env.get('python', '?')}: "
+                   f"{packages_line(env)}")
     for kind in ("deps", "outs"):
         for d in info[kind]:
             typer.echo(f"  {kind[:-1]:<9} {d['path']}  md5 {d.get('md5', '-')}")

@@ -18,7 +18,8 @@ from pydantic import Field, model_validator
 from ragteam.config import ParamsError, Strict, load_params
 from ragteam.io import DataError, read_jsonl, write_json
 from ragteam.llm import EngineDead
-from ragteam.llm.environment import ensure_engine_environment, lineage_environment
+from ragteam.environment import lineage_environment
+from ragteam.llm.environment import ensure_engine_environment
 from ragteam.train.checkpoints import TrainResult, save_agent
 from ragteam.train.curves import Panel, is_wall_clock, summarize, write_curves
 from ragteam.train.grpo import GRPOParams

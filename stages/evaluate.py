@@ -24,7 +24,8 @@ from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scor
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.llm.environment import ensure_engine_environment, environment_line
+from ragteam.environment import environment_line
+from ragteam.llm.environment import ensure_engine_environment
 from ragteam.records import write_episodes
 
 BENCHMARKS = Path("data/prepared/benchmarks")

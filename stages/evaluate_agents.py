@@ -18,7 +18,8 @@ from ragteam.eval.agents import ROLE, EvalAgentsConfig, report_markdown, run_age
 from ragteam.eval.evaluate import EvalConfig
 from ragteam.io import DataError, atomic_file, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.llm.environment import ensure_engine_environment, environment_line
+from ragteam.environment import environment_line
+from ragteam.llm.environment import ensure_engine_environment
 from stages.evaluate import BENCHMARKS, load_benchmarks
 
 METRICS = Path("metrics/eval_agents.json")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ragteam.config import ParamsError, load_params, parse_section
+from ragteam.environment import lineage_environment
 from ragteam.io import DataError, atomic_dir, write_json
 from ragteam.retrieval.config import Bm25Params
 
@@ -41,7 +42,7 @@ def main() -> None:
         metrics = run(p, sys.argv[1])
     except (ParamsError, DataError) as e:
         sys.exit(f"index_bm25 FAILED: {e}")
-    write_json(f"metrics/index_bm25_{metrics['backend']}.json", metrics)
+    write_json(f"metrics/index_bm25_{metrics['backend']}.json", {**metrics, "environment": lineage_environment()})
     print(f"index_bm25: {metrics}")
 
 

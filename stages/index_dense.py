@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ragteam.config import ParamsError, load_params, parse_section
+from ragteam.environment import lineage_environment
 from ragteam.io import DataError, atomic_dir, write_json
 from ragteam.retrieval.config import DenseParams
 
@@ -49,7 +50,7 @@ def main() -> None:
         metrics = run(p, src)
     except (ParamsError, DataError, ValueError) as e:
         sys.exit(f"index_dense FAILED: {e}")
-    write_json("metrics/index_dense.json", metrics)
+    write_json("metrics/index_dense.json", {**metrics, "environment": lineage_environment()})
     print(f"index_dense: {metrics}")
 
 

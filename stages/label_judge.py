@@ -21,7 +21,8 @@ from ragteam.data.formats import load_qa
 from ragteam.data.validate import Limits, ValidationFailed, check_files
 from ragteam.io import DataError, atomic_dir, write_json, write_jsonl
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.llm.environment import ensure_engine_environment, lineage_environment
+from ragteam.environment import lineage_environment
+from ragteam.llm.environment import ensure_engine_environment
 from ragteam.train import synthesis
 from stages.common import AGENTS, SYNTHESIS, LabelJudgeParams, Timer, load_rows
 

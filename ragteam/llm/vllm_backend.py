@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ragteam.llm import (Completion, EngineConfig, EngineDead, Messages, SamplingConfig, call_seed,  # noqa: F401
                          continues_assistant)
-from ragteam.llm.environment import runtime_environment
+from ragteam.environment import runtime_environment
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks: max_lora_rank must be one
