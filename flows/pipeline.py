@@ -5,13 +5,14 @@ upstreams have completed, so independent branches run concurrently (DVC releases
 command runs; `--wait-for-lock` queues the short lock/commit phases). A failed stage is retried per
 `params.yaml: prefect`; if it still fails, its downstream stages are not run, other branches finish, and the flow
 fails naming the stage. Each stage records a Prefect markdown artifact `stage-<name>` (git commit, dep/out md5s
-from dvc.lock, locked params, metrics) whose last block is the record as JSON.
+from dvc.lock, locked params, metrics) for people to read; the flow returns the records, and Prefect persists that
+return value (JSON) under `params.yaml: prefect.result_storage`.
 
 Remote mode (`remote=True`, used on GPU workers): before the stage runs, `dvc pull` the deps that upstream stages
 produced; after it, `dvc push` its outs. With `prefect.gpu_mode: deployment` the orchestrating flow sends GPU
 stages to the `gpu` deployment instead of running them: it pushes their deps, ships the small git-tracked files
-the worker needs (dvc.lock, params files, uncached upstream outs), waits, then adopts the worker's dvc.lock entry
-and uncached outs and `dvc pull`s the stage's outs.
+the worker needs (dvc.lock, params files, uncached upstream outs), waits, reads the worker's record from the run's persisted result (the result storage both
+share), then adopts the worker's dvc.lock entry and uncached outs and `dvc pull`s the stage's outs.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 if str(PROJECT) not in sys.path:  # a deployment loads this file by path: use the ragteam of this checkout
     sys.path.insert(0, str(PROJECT))
 
-from pydantic import Field  # noqa: E402
+from pydantic import Field, field_validator  # noqa: E402
 
 from ragteam.orchestration_env import configure_prefect_env, subprocess_env  # noqa: E402
 
@@ -48,6 +49,9 @@ from ragteam.config import ParamsError, Strict, load_params, parse_section  # no
 from ragteam.io import atomic_file  # noqa: E402
 
 FLOW_NAME = "ragteam-pipeline"
+DEFAULT_RESULT_STORAGE = ".prefect/results"  # git-ignored (/.prefect/)
+RESULT_STORAGE_ENV = "RAGTEAM_RESULT_STORAGE"  # set by an orchestrator for the runs it starts on a work pool
+DEPLOYMENT_POLL_S = 2.0  # how often the orchestrator asks the server whether a deployment run has finished
 
 
 class PrefectParams(Strict):
@@ -57,6 +61,22 @@ class PrefectParams(Strict):
     gpu_mode: Literal["local", "deployment"]
     gpu_deployment: str = Field(pattern=r"^[^/]+/[^/]+$")  # "<flow name>/<deployment name>"
     max_parallel_stages: int | None = Field(default=None, ge=1)  # None: auto (`parallel_stages`)
+    # where Prefect persists flow results (a directory: relative to the project root, or absolute); GPU workers on
+    # other hosts need one both sides mount at the same path
+    result_storage: str = DEFAULT_RESULT_STORAGE
+
+    @field_validator("result_storage")
+    @classmethod
+    def _a_directory_path(cls, v: str) -> str:
+        return check_result_storage(v)
+
+
+def check_result_storage(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("must be a directory path (a non-empty string)")
+    if "://" in v:
+        raise ValueError("must be a directory path (relative to the project root, or absolute), not a URL")
+    return v
 
 
 def parallel_stages(cfg: PrefectParams, params: dict, cpus: int | None = None) -> int:
@@ -79,12 +99,35 @@ class PipelineFailed(RuntimeError):
     """One or more stages failed; the message names them and the stages left unrun."""
 
 
+
 def load_prefect_params(root: Path, stages: dict[str, lin.Stage]) -> PrefectParams:
     cfg = parse_section(load_params(root / "params.yaml"), "prefect", PrefectParams, str(root / "params.yaml"))
     unknown = [s for s in cfg.gpu_stages if s not in stages]
     if unknown:
         raise ParamsError(f"{root / 'params.yaml'}: prefect.gpu_stages: unknown stage(s) {unknown}")
     return cfg
+
+
+def result_storage_for(root: str | Path) -> Path:
+    """The directory Prefect persists this project's flow results in: $RAGTEAM_RESULT_STORAGE if set (an
+    orchestrator sets it for the deployment runs it starts, so both sides use one directory), else
+    `params.yaml: prefect.result_storage` of `root` (relative paths are under `root`), else `.prefect/results`."""
+    if env := os.environ.get(RESULT_STORAGE_ENV):
+        path = Path(env).expanduser()
+        if not path.is_absolute():
+            raise ValueError(f"${RESULT_STORAGE_ENV}={env!r}: must be an absolute path")
+        return path
+    params = Path(root) / "params.yaml"
+    value = DEFAULT_RESULT_STORAGE
+    if params.is_file():
+        cfg = load_params(params).get("prefect")
+        if isinstance(cfg, dict) and "result_storage" in cfg:
+            value = cfg["result_storage"]
+            try:  # the rest of the section is validated when the flow runs (load_prefect_params)
+                check_result_storage(value)
+            except ValueError as e:
+                raise ParamsError(f"{params}: invalid params:\n  prefect.result_storage: {e} (got {value!r})") from None
+    return (Path(root) / Path(value).expanduser()).resolve()
 
 
 def artifact_key(stage: str) -> str:
@@ -219,29 +262,25 @@ def adopt_remote_result(root: Path, stages: dict[str, lin.Stage], record: dict, 
                 repo.scm_context.ignore(str(root / out))
 
 
-def read_stage_record(key: str, flow_run_id: Any = None) -> dict | None:
-    """The JSON record of the newest artifact `key` (of one flow run if given) from the Prefect API."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
-    from prefect.client.schemas.sorting import ArtifactSort
-
-    by_run = {} if flow_run_id is None else {"flow_run_id": ArtifactFilterFlowRunId(any_=[flow_run_id])}
-    filt = ArtifactFilter(key=ArtifactFilterKey(any_=[key]), **by_run)
-    with get_client(sync_client=True) as client:
-        arts = client.read_artifacts(artifact_filter=filt, sort=ArtifactSort.CREATED_DESC, limit=1)
-    return parse_record(arts[0].data) if arts else None
-
-
-def submit_to_deployment(deployment: str, name: str, parameters: dict) -> dict:
-    """Run one stage on the deployment's work pool, wait, and return the record its run published."""
+def submit_to_deployment(deployment: str, name: str, parameters: dict, storage: Path) -> dict:
+    """Run one stage on the deployment's work pool, wait, and return its record: the run's return value, which it
+    persists in `storage` ($RAGTEAM_RESULT_STORAGE for that run) and this side reads back through Prefect."""
     from prefect.deployments import run_deployment
 
-    run = run_deployment(name=deployment, parameters=parameters, flow_run_name=f"{name}-on-{deployment.split('/')[1]}")
+    run = run_deployment(name=deployment, parameters=parameters, flow_run_name=f"{name}-on-{deployment.split('/')[1]}",
+                         job_variables={"env": {RESULT_STORAGE_ENV: str(storage)}}, poll_interval=DEPLOYMENT_POLL_S)
+    where = f"stage '{name}': flow run {run.id} on {deployment}"
     if run.state is None or not run.state.is_completed():
-        raise StageFailed(f"stage '{name}': flow run {run.id} on {deployment} ended {run.state and run.state.name}")
-    record = read_stage_record(artifact_key(name), run.id)
-    if record is None:
-        raise StageFailed(f"stage '{name}': flow run {run.id} on {deployment} published no artifact")
+        raise StageFailed(f"{where} ended {run.state and run.state.name}")
+    try:
+        result = run.state.result()
+    except Exception as e:  # e.g. a worker on another host wrote to a directory this machine does not mount
+        raise StageFailed(f"{where} completed, but its result could not be read from {storage} "
+                          f"({type(e).__name__}: {e}); prefect.result_storage must be a directory the workers and "
+                          f"this machine share at the same path") from None
+    record = result.get("stages", {}).get(name) if isinstance(result, dict) else None
+    if not isinstance(record, dict):
+        raise StageFailed(f"{where} returned no record for the stage (its result: {str(result)[:200]})")
     return record
 
 
@@ -252,7 +291,7 @@ def dispatch_to_deployment(root: Path, stages: dict[str, lin.Stage], name: str, 
         dvc(root, "push", *targets, log=log)
     params = {"targets": [name], "upstream": False, "remote": True, "force": force,
               "files": worker_files(root, stages, name)}
-    record = submit_to_deployment(deployment, name, params)
+    record = submit_to_deployment(deployment, name, params, result_storage_for(root))
     adopt_remote_result(root, stages, record, log)
     return record
 
@@ -261,7 +300,8 @@ def dispatch_to_deployment(root: Path, stages: dict[str, lin.Stage], name: str, 
 
 
 def render_record(record: dict) -> str:
-    """Markdown for the Prefect UI; the final ```json block is the machine-readable record."""
+    """Markdown for the Prefect UI, ending with the record as JSON (for people: the orchestrator reads records from
+    flow results, not from here)."""
     rows = [f"| dep | `{p}` | `{h}` |" for p, h in record["deps"].items()]
     rows += [f"| out | `{p}` | `{h}` |" for p, h in record["outs"].items()]
     for fname, vals in record["params"].items():
@@ -280,13 +320,6 @@ def render_record(record: dict) -> str:
         json.dumps(record, indent=1, default=str),
         "```",
     ])
-
-
-def parse_record(markdown: str) -> dict:
-    blocks = re.findall(r"```json\n(.*?)\n```", markdown, flags=re.S)
-    if not blocks:
-        raise ValueError("artifact has no ```json record block")
-    return json.loads(blocks[-1])
 
 
 # ---------------------------------------------------------------- tasks and the flow
@@ -343,7 +376,15 @@ def describe_plan(root: str | Path | None = None, targets: list[str] | None = No
     return lines
 
 
-@flow(name=FLOW_NAME, log_prints=True)
+def _import_time_storage() -> Path:  # a Path: Prefect writes results there through an (unsaved) LocalFileSystem
+    try:
+        return result_storage_for(PROJECT)
+    except (ParamsError, ValueError):  # reported, naming the param, when the flow runs (load_prefect_params)
+        return PROJECT / DEFAULT_RESULT_STORAGE
+
+
+@flow(name=FLOW_NAME, log_prints=True, persist_result=True, result_serializer="json",
+      result_storage=_import_time_storage())
 def pipeline(
     targets: list[str] | None = None,
     force: bool = False,
@@ -359,6 +400,8 @@ def pipeline(
     and push outs around each stage (GPU workers). files: small files to write first (sent by the orchestrator):
     only dvc.lock, the targets' params files and upstream uncached outs (`sendable_files`); code, dvc.yaml or any
     other path is refused before anything is written, so the stages run the code of the checked-out commit.
+    The return value (plan and stage records) is
+    persisted as JSON in `prefect.result_storage` (`result_storage_for`).
     """
     r = Path(root or PROJECT).resolve()
     stages = lin.load_stages(r)
@@ -414,3 +457,9 @@ def pipeline(
         msg = "; ".join(f"{n}: {e.splitlines()[0]}" for n, e in failed.items())
         raise PipelineFailed(f"stage(s) failed: {msg}" + (f"; not run: {', '.join(skipped)}" if skipped else ""))
     return {"plan": levels, "stages": done}
+
+
+def flow_for(root: str | Path):
+    """`pipeline` persisting its results in `root`'s result storage (the module-level flow uses this checkout's,
+    or $RAGTEAM_RESULT_STORAGE)."""
+    return pipeline.with_options(result_storage=result_storage_for(root))

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -137,6 +136,7 @@ def make_repo(path: Path, dvc_yaml: str, files: dict[str, str], params: dict, re
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (path / ".gitignore").write_text("/log/\n")
     for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(text)
     sh(["git", "add", "-A"], path)
     sh(["git", "commit", "-q", "-m", "toy"], path)
@@ -154,6 +154,8 @@ def flows_mod(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")
     mp = pytest.MonkeyPatch()
     mp.setenv("PREFECT_HOME", str(home))
+    # flow results go here, not under this checkout's .prefect/results (flow_for(root) tests unset it)
+    mp.setenv("RAGTEAM_RESULT_STORAGE", str(tmp_path_factory.mktemp("prefect-results")))
     mp.delenv("PREFECT_API_URL", raising=False)
     mp.syspath_prepend(str(REPO))
     from prefect.settings import (
@@ -175,17 +177,23 @@ def flows_mod(tmp_path_factory):
     mp.undo()
 
 
+def parse_record(markdown: str) -> dict:
+    """The record a stage artifact shows at its end, as JSON (for people; the flow itself returns the records)."""
+    blocks = re.findall(r"```json\n(.*?)\n```", markdown, flags=re.S)
+    assert blocks, f"artifact has no ```json block:\n{markdown}"
+    return json.loads(blocks[-1])
+
+
 def artifacts_of(flow_run_id) -> dict[str, dict]:
     """Stage records of one flow run, read back through the Prefect client."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from flows.pipeline import parse_record
-
     with get_client(sync_client=True) as client:
         arts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-    return {a.key: (a.data if a.key.startswith("report-") else parse_record(a.data)) for a in arts}
+    return {a.key: (a.data if a.key.startswith("report-") else parse_record(a.data)) for a in arts
+            if a.key}  # keyless: the result artifacts Prefect adds for persisted results
 
 
 def lock_md5s(repo: Path, stage: str, kind: str) -> dict[str, str]:
@@ -193,11 +201,14 @@ def lock_md5s(repo: Path, stage: str, kind: str) -> dict[str, str]:
     return {d["path"]: d["md5"] for d in entry[kind]}
 
 
-def test_flow_runs_chain_in_order_and_records_artifacts(flows_mod, tmp_path):
+def test_flow_runs_chain_in_order_and_records_artifacts(flows_mod, tmp_path, monkeypatch):
     repo = chain_repo(tmp_path / "toy")
-    state = flows_mod.pipeline(root=str(repo), return_state=True)
+    monkeypatch.delenv("RAGTEAM_RESULT_STORAGE")  # the toy's params decide: the default, .prefect/results
+    state = flows_mod.flow_for(repo)(root=str(repo), return_state=True)
     assert state.is_completed(), state
     assert state.result()["plan"] == [["make"], ["count"]]
+    [persisted] = (repo / ".prefect/results").iterdir()  # the return value, as JSON, where params.yaml says
+    assert json.loads(persisted.read_text()) == json.loads(json.dumps(state.result()))
     assert (repo / "out/count.txt").read_text() == "12"  # (1+2+3) * scale 2
     assert (repo / "log/runs.log").read_text().split() == ["make", "count"]
 
@@ -266,7 +277,9 @@ def test_parallel_stages_is_the_param_or_the_cores_one_llm_stage_leaves_room_for
 
 def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mod, tmp_path, monkeypatch):
     """gpu_mode: deployment. The deployment call is replaced by running the same flow, as the gpu deployment
-    would (remote=True, upstream=False), in a separate git clone sharing only the DVC remote."""
+    would (remote=True, upstream=False), in a separate git clone sharing only the DVC remote and the result storage;
+    the orchestrator reads the worker's record from the flow run's persisted result, as the server reports it.
+    (tests/test_flow_server.py does this with a real server, work pool and worker.)"""
     remote = tmp_path / "dvc-remote"
     repo = chain_repo(tmp_path / "main", remote=remote, gpu_stages=["count"], gpu_mode="deployment")
     worker = tmp_path / "worker"
@@ -276,18 +289,35 @@ def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mo
     gpu_params = next(d for d in gpu_deployment if d["work_pool"]["name"] == "gpu")["parameters"]
     calls = []
 
-    def fake_run_deployment(name, parameters, flow_run_name=None, **kw):
-        calls.append((name, parameters))
+    runs = []
+
+    def fake_run_deployment(name, parameters, flow_run_name=None, job_variables=None, **kw):
+        calls.append((name, parameters, job_variables))
         assert not (worker / "data/raw").exists()  # the worker only gets deps through `dvc pull`
         state = fp.pipeline(root=str(worker), **{**gpu_params, **parameters}, return_state=True)
-        return SimpleNamespace(id=state.state_details.flow_run_id, state=state)
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:  # the run as the server has it: no result in memory
+            runs.append(client.read_flow_run(state.state_details.flow_run_id))
+        return runs[-1]
 
     monkeypatch.setattr("prefect.deployments.run_deployment", fake_run_deployment)
     state = fp.pipeline(root=str(repo), return_state=True)
     assert state.is_completed(), state
 
-    [(name, params)] = calls
+    [(name, params, job_vars)] = calls
     assert name == "ragteam-pipeline/gpu" and params["targets"] == ["count"] and params["upstream"] is False
+    head = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    storage = fp.result_storage_for(repo)
+    assert job_vars == {"env": {"RAGTEAM_RESULT_STORAGE": str(storage)}}  # the worker persists where we read
+    # the worker's return value, persisted as JSON in the result storage, is what the orchestrator adopted
+    from prefect._internal.result_records import ResultRecordMetadata
+
+    meta = runs[0].state.data
+    assert isinstance(meta, ResultRecordMetadata) and Path(meta.storage_key).parent == storage
+    persisted = json.loads(Path(meta.storage_key).read_text())
+    assert persisted["stages"]["count"]["git_commit"] == head
+    assert persisted["stages"]["count"]["lock"] == yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["count"]
     assert (worker / "data/raw/2.txt").read_text() == "xxx"  # pulled from the DVC remote
     assert (repo / "log/runs.log").read_text().split() == ["make"]  # count did not run here...
     assert (worker / "log/runs.log").read_text().split() == ["count"]  # ...but on the worker
@@ -349,6 +379,26 @@ def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypa
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(flows_mod.ParamsError, match=r"prefect\.retries"):
         flows_mod.describe_plan(repo)
+
+    # prefect.result_storage: a directory, relative to the project root or absolute; $RAGTEAM_RESULT_STORAGE wins
+    monkeypatch.delenv("RAGTEAM_RESULT_STORAGE")
+    for value, where in (("runs/results", repo / "runs/results"), (str(tmp_path / "shared"), tmp_path / "shared")):
+        params["prefect"] = prefect_section(result_storage=value)
+        (repo / "params.yaml").write_text(yaml.safe_dump(params))
+        assert flows_mod.result_storage_for(repo) == where
+        assert flows_mod.flow_for(repo).result_storage == where
+    for bad, why in (("s3://bucket/results", "not a URL"), ("", "non-empty"), (3, "string")):
+        params["prefect"] = prefect_section(result_storage=bad)
+        (repo / "params.yaml").write_text(yaml.safe_dump(params))
+        with pytest.raises(flows_mod.ParamsError, match=rf"invalid params:\n  prefect\.result_storage: .*{why}"):
+            flows_mod.describe_plan(repo)
+        with pytest.raises(flows_mod.ParamsError, match=rf"prefect\.result_storage: .*{why}"):
+            flows_mod.result_storage_for(repo)
+    monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", str(tmp_path / "from-env"))
+    assert flows_mod.result_storage_for(repo) == tmp_path / "from-env"
+    monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", "relative")
+    with pytest.raises(ValueError, match="RAGTEAM_RESULT_STORAGE='relative': must be an absolute path"):
+        flows_mod.result_storage_for(repo)
 
 
 def test_prefect_yaml_deployments_target_the_flow():
