@@ -11,7 +11,9 @@ return value (JSON) under `params.yaml: prefect.result_storage`.
 Remote mode (`remote=True`, used on GPU workers): before the stage runs, `dvc pull` the deps that upstream stages
 produced; after it, `dvc push` its outs. With `prefect.gpu_mode: deployment` the orchestrating flow sends GPU
 stages to the `gpu` deployment instead of running them: it pushes their deps, ships the small git-tracked files
-the worker needs (dvc.lock, params files, uncached upstream outs), waits, reads the worker's record from the run's persisted result (the result storage both
+the worker needs (dvc.lock, params files, uncached upstream outs) and its own commit (`git_commit`: the worker checks
+it out, detached, whatever its branch head is; uncommitted changes to tracked code are refused first, since the worker
+could not see them), waits, reads the worker's record from the run's persisted result (the result storage both
 share), then adopts the worker's dvc.lock entry and uncached outs and `dvc pull`s the stage's outs.
 """
 from __future__ import annotations
@@ -99,6 +101,13 @@ class PipelineFailed(RuntimeError):
     """One or more stages failed; the message names them and the stages left unrun."""
 
 
+class CommitUnavailable(RuntimeError):
+    """A worker could not check out the commit its orchestrator runs; the message names both commits."""
+
+
+class UncommittedChanges(RuntimeError):
+    """The orchestrating checkout has uncommitted changes to tracked files a GPU worker would not see."""
+
 
 def load_prefect_params(root: Path, stages: dict[str, lin.Stage]) -> PrefectParams:
     cfg = parse_section(load_params(root / "params.yaml"), "prefect", PrefectParams, str(root / "params.yaml"))
@@ -166,6 +175,73 @@ def repro(root: Path, name: str, force: bool, log=None) -> None:
         dvc(root, "repro", "--single-item", *(["--force"] if force else []), name, log=log)
     except StageFailed as e:
         raise StageFailed(f"stage '{name}' failed: {e}") from None
+
+
+# ---------------------------------------------------------------- the commit a GPU worker runs
+
+FULL_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # sha1 or sha256, as `git rev-parse HEAD` prints them
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, env=subprocess_env())
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def orchestrator_commit(root: Path, stages: dict[str, lin.Stage]) -> str:
+    """HEAD of the orchestrating checkout: the commit GPU workers check out. Refused (UncommittedChanges) when a
+    tracked file has uncommitted changes a worker would not see: anything but dvc.lock and params files (shipped
+    with each run, `worker_files`), declared outs (written by this pipeline) and .gitignore files (dvc edits them).
+    Untracked files are not looked at."""
+    head = lin.git_head(root)
+    if not head:
+        raise UncommittedChanges(f"{root}: not a git checkout with a commit; prefect.gpu_mode: deployment sends GPU "
+                                 f"workers the commit to check out")
+    diff = _git(root, "diff", "--name-only", "--relative", "-z", "HEAD")
+    if diff.returncode != 0:
+        raise UncommittedChanges(f"{root}: `git diff --name-only HEAD` failed: {_last_line(diff.stderr)}")
+    shipped = {"dvc.lock"} | {f for st in stages.values() for f in st.params}
+    outs = [PurePosixPath(o) for st in stages.values() for o in st.outs]
+    unseen = [p for p in diff.stdout.split("\0") if p and p not in shipped and PurePosixPath(p).name != ".gitignore"
+              and not any(PurePosixPath(p).is_relative_to(o) for o in outs)]
+    if unseen:
+        raise UncommittedChanges(
+            f"{root}: uncommitted changes to {', '.join(sorted(unseen))}: a GPU worker checks out commit {head} "
+            f"and would not see them. Commit and push them (or set prefect.gpu_mode: local)")
+    return head
+
+
+def checkout_commit(root: Path, commit: str, log=None) -> str:
+    """Worker side: make the checkout at `root` the orchestrator's `commit` (detached HEAD), fetching it from
+    `origin` if the clone lacks it (a deployment clones a branch head, shallow). Returns the HEAD the clone had.
+    CommitUnavailable, naming both commits, if it cannot."""
+    if not FULL_SHA.match(commit):
+        raise CommitUnavailable(f"git_commit {commit!r}: not a full commit hash (as `git rev-parse HEAD` prints it)")
+    head = lin.git_head(root)
+    if head == commit:
+        return head
+    has = lambda: _git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0  # noqa: E731
+    if not has():
+        origin = _git(root, "remote", "get-url", "origin").stdout.strip() or "(no 'origin' remote)"
+        shallow = _git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true"
+        fetch = _git(root, "fetch", "-q", *(["--depth", "1"] if shallow else []), "origin", commit)
+        if fetch.returncode != 0 or not has():
+            raise CommitUnavailable(
+                f"{root}: cannot run the orchestrator's commit {commit}: this clone is at {head} and "
+                f"`git fetch origin {commit}` from {origin} failed ({_last_line(fetch.stderr)}); push that commit")
+    co = _git(root, "checkout", "-q", "--detach", commit)
+    if co.returncode != 0:
+        raise CommitUnavailable(f"{root}: cannot check out the orchestrator's commit {commit} over {head}: "
+                                f"{_last_line(co.stderr)}")
+    if log:
+        log.info(f"checked out {commit}, the orchestrator's commit (the clone was at {head})")
+        if head and _git(root, "diff", "--quiet", head, commit, "--", "flows", "ragteam").returncode == 1:
+            log.warning(f"flows/ or ragteam/ differ between {head} and {commit}: the stages run {commit}'s code, "
+                        f"this flow process runs the code it was loaded with ({head})")
+    return head
 
 
 # ---------------------------------------------------------------- remote mode (GPU workers)
@@ -285,13 +361,15 @@ def submit_to_deployment(deployment: str, name: str, parameters: dict, storage: 
 
 
 def dispatch_to_deployment(root: Path, stages: dict[str, lin.Stage], name: str, force: bool, deployment: str,
-                           log=None) -> dict:
-    """Orchestrator side of a GPU stage: push its deps, run it on the deployment, adopt the result."""
+                           commit: str, log=None) -> dict:
+    """Orchestrator side of a GPU stage: push its deps, run it at `commit` on the deployment, adopt the result."""
     if targets := pull_targets(stages, name):
         dvc(root, "push", *targets, log=log)
-    params = {"targets": [name], "upstream": False, "remote": True, "force": force,
+    params = {"targets": [name], "upstream": False, "remote": True, "force": force, "git_commit": commit,
               "files": worker_files(root, stages, name)}
     record = submit_to_deployment(deployment, name, params, result_storage_for(root))
+    if record.get("git_commit") != commit:
+        raise StageFailed(f"stage '{name}': the worker ran commit {record.get('git_commit')}, not {commit}")
     adopt_remote_result(root, stages, record, log)
     return record
 
@@ -326,14 +404,15 @@ def render_record(record: dict) -> str:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{name}")
-def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, mode: str, deployment: str) -> dict:
+def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, mode: str, deployment: str,
+              commit: str | None = None) -> dict:
     """One stage. mode: local (`dvc repro --single-item`), remote (pull deps / repro / push outs) or
-    deployment (send it to the GPU deployment and adopt the result)."""
+    deployment (send it, with the orchestrator's `commit`, to the GPU deployment and adopt the result)."""
     log = get_run_logger()
     r = Path(root)
     t0 = time.monotonic()
     if mode == "deployment":
-        record = dispatch_to_deployment(r, stages, name, force, deployment, log)
+        record = dispatch_to_deployment(r, stages, name, force, deployment, commit, log)
     elif mode == "remote":
         record = run_stage_remote(r, stages, name, force, log)
     else:
@@ -393,6 +472,7 @@ def pipeline(
     upstream: bool = True,
     root: str | None = None,
     files: dict[str, str] | None = None,
+    git_commit: str | None = None,
 ) -> dict[str, Any]:
     """Run the dvc.yaml stages (or `targets` and, if `upstream`, their upstreams) as Prefect tasks.
 
@@ -400,10 +480,16 @@ def pipeline(
     and push outs around each stage (GPU workers). files: small files to write first (sent by the orchestrator):
     only dvc.lock, the targets' params files and upstream uncached outs (`sendable_files`); code, dvc.yaml or any
     other path is refused before anything is written, so the stages run the code of the checked-out commit.
-    The return value (plan and stage records) is
+    git_commit (remote runs only; an orchestrator sends its HEAD): check that commit out first (detached), fetching
+    it from `origin` if needed; CommitUnavailable if the clone cannot. The return value (plan and stage records) is
     persisted as JSON in `prefect.result_storage` (`result_storage_for`).
     """
     r = Path(root or PROJECT).resolve()
+    if git_commit:
+        if not remote:
+            raise ValueError("git_commit is for remote runs (remote=True, a GPU worker's fresh clone): it would "
+                             f"detach the HEAD of {r}")
+        checkout_commit(r, git_commit, get_run_logger())
     stages = lin.load_stages(r)
     if files:
         write_files(r, files, sendable_files(stages, targets))
@@ -417,6 +503,8 @@ def pipeline(
         return {"plan": levels}
     modes = stage_modes(stages, cfg, remote)
     selected = [n for level in levels for n in level]
+    # GPU workers run this checkout's commit: refuse before anything runs if they could not see what runs here
+    commit = orchestrator_commit(r, stages) if any(modes[n] == "deployment" for n in selected) else None
     ups = {n: [u for u in graph[n] if u in selected] for n in selected}
     task_ = run_stage.with_options(retries=cfg.retries, retry_delay_seconds=cfg.retry_delay_s)
     cap = parallel_stages(cfg, load_params(r / "params.yaml"))
@@ -433,7 +521,8 @@ def pipeline(
                 pending.remove(n)
             elif all(u in done for u in ups[n]) and len(running) < cap:
                 futures[n] = running[n] = task_.submit(
-                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, wait_for=[futures[u] for u in ups[n]]
+                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, commit,
+                    wait_for=[futures[u] for u in ups[n]]
                 )
                 pending.remove(n)
         if not running:
@@ -452,7 +541,7 @@ def pipeline(
             except Exception as e:  # the task's own error, after its retries
                 failed[n] = str(e)
     for n, rec in done.items():
-        print(f"{n}: done in {rec['seconds']} s ({modes[n]})")
+        print(f"{n}: done in {rec['seconds']} s ({modes[n]}, commit {rec.get('git_commit')})")
     if failed:
         msg = "; ".join(f"{n}: {e.splitlines()[0]}" for n, e in failed.items())
         raise PipelineFailed(f"stage(s) failed: {msg}" + (f"; not run: {', '.join(skipped)}" if skipped else ""))

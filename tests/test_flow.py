@@ -308,6 +308,7 @@ def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mo
     [(name, params, job_vars)] = calls
     assert name == "ragteam-pipeline/gpu" and params["targets"] == ["count"] and params["upstream"] is False
     head = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    assert params["git_commit"] == head
     storage = fp.result_storage_for(repo)
     assert job_vars == {"env": {"RAGTEAM_RESULT_STORAGE": str(storage)}}  # the worker persists where we read
     # the worker's return value, persisted as JSON in the result storage, is what the orchestrator adopted
@@ -352,6 +353,52 @@ def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows
     with pytest.raises(ValueError, match="refusing to write 'count.py'.*metrics/count.json, reports/count.md"):
         fp.adopt_remote_result(repo, stages, record)
     assert (repo / "count.py").read_text() == code["count.py"] and not (repo / "metrics/count.json").exists()
+
+
+def test_the_orchestrator_refuses_code_changes_a_gpu_worker_could_not_see(flows_mod, tmp_path):
+    repo = chain_repo(tmp_path / "toy", gpu_stages=["count"], gpu_mode="deployment")
+    fp = flows_mod
+    stages = fp.lin.load_stages(repo)
+    head = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    # shipped with the run (dvc.lock, params files), written by the pipeline (outs) or by dvc (.gitignore): fine
+    (repo / "params.yaml").write_text((repo / "params.yaml").read_text() + "# edited\n")
+    (repo / ".gitignore").write_text("/log/\n/x\n")
+    assert fp.orchestrator_commit(repo, stages) == head
+    (repo / "count.py").write_text(COUNT_PY + "# not committed\n")
+    with pytest.raises(fp.UncommittedChanges, match=f"uncommitted changes to count.py: .*commit {head}"):
+        fp.orchestrator_commit(repo, stages)
+    state = fp.pipeline(root=str(repo), return_state=True)          # refused before any stage runs
+    assert state.is_failed()
+    with pytest.raises(fp.UncommittedChanges, match="count.py"):
+        state.result()
+    assert not (repo / "log").exists()
+    with pytest.raises(ValueError, match="git_commit is for remote runs"):  # never detaches a working checkout
+        fp.pipeline.fn(root=str(repo), git_commit=head, dry_run=True)
+    assert sh(["git", "rev-parse", "--abbrev-ref", "HEAD"], repo).strip() == "main"
+
+
+def test_a_worker_checks_out_the_orchestrators_commit_behind_its_branch_head(flows_mod, tmp_path):
+    """A deployment clones the branch head, shallow; the flow fetches and detaches at the commit it was sent."""
+    fp = flows_mod
+    repo = chain_repo(tmp_path / "toy")
+    commit_a = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    (repo / "count.py").write_text(COUNT_PY + "# B\n")
+    sh(["git", "commit", "-qam", "B"], repo)
+    commit_b = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", "--depth", "1", "--branch", "main", f"file://{repo}", str(clone)], tmp_path)
+    with pytest.raises(Exception):
+        sh(["git", "cat-file", "-e", f"{commit_a}^{{commit}}"], clone)  # not in the shallow clone
+    assert fp.checkout_commit(clone, commit_a) == commit_b
+    assert sh(["git", "rev-parse", "HEAD"], clone).strip() == commit_a
+    assert (clone / "count.py").read_text() == COUNT_PY
+    assert fp.lin.git_head(clone) == commit_a                                      # what stage records name
+    assert fp.checkout_commit(clone, commit_a) == commit_a                         # already there: nothing to do
+    unknown = "0123456789abcdef0123456789abcdef01234567"
+    with pytest.raises(fp.CommitUnavailable, match=f"orchestrator's commit {unknown}: this clone is at {commit_a}"):
+        fp.checkout_commit(clone, unknown)
+    with pytest.raises(fp.CommitUnavailable, match="not a full commit hash"):
+        fp.checkout_commit(clone, "main")
 
 
 def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypatch):
