@@ -329,6 +329,32 @@ def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mo
     assert "/count.txt" in (repo / "out/.gitignore").read_text().split()  # git-ignored like a local repro
 
 
+def test_a_deployment_result_this_side_cannot_read_fails_the_stage_naming_the_storage(flows_mod, tmp_path,
+                                                                                       monkeypatch):
+    """The worker's record comes only from its persisted result: missing or recordless results fail clearly."""
+    from types import SimpleNamespace
+
+    from prefect._internal.result_records import ResultRecordMetadata
+    from prefect.serializers import JSONSerializer
+    from prefect.states import Completed
+
+    storage = tmp_path / "results"
+    storage.mkdir()
+
+    def fake_run(key: str):
+        meta = ResultRecordMetadata(storage_key=str(storage / key), serializer=JSONSerializer())
+        return lambda **kw: SimpleNamespace(id="run-1", state=Completed(data=meta))
+
+    monkeypatch.setattr("prefect.deployments.run_deployment", fake_run("gone"))  # a directory not shared
+    with pytest.raises(flows_mod.StageFailed, match=f"stage 'count': flow run run-1 on ragteam-pipeline/gpu "
+                                                    f"completed, but its result could not be read from {storage}"):
+        flows_mod.submit_to_deployment("ragteam-pipeline/gpu", "count", {}, storage)
+    (storage / "other").write_text(json.dumps({"plan": [["make"]], "stages": {"make": {}}}))
+    monkeypatch.setattr("prefect.deployments.run_deployment", fake_run("other"))
+    with pytest.raises(flows_mod.StageFailed, match="returned no record for the stage"):
+        flows_mod.submit_to_deployment("ragteam-pipeline/gpu", "count", {}, storage)
+
+
 def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows_mod, tmp_path):
     """A flow run's `files` cannot replace code or dvc.yaml on a worker; the orchestrator adopts only the stage's
     declared uncached outs from a worker's record."""
