@@ -5,13 +5,16 @@ upstreams have completed, so independent branches run concurrently (DVC releases
 command runs; `--wait-for-lock` queues the short lock/commit phases). A failed stage is retried per
 `params.yaml: prefect`; if it still fails, its downstream stages are not run, other branches finish, and the flow
 fails naming the stage. Each stage records a Prefect markdown artifact `stage-<name>` (git commit, dep/out md5s
-from dvc.lock, locked params, metrics) whose last block is the record as JSON.
+from dvc.lock, locked params, metrics) for people to read; the flow returns the records, and Prefect persists that
+return value (JSON) under `params.yaml: prefect.result_storage`.
 
 Remote mode (`remote=True`, used on GPU workers): before the stage runs, `dvc pull` the deps that upstream stages
 produced; after it, `dvc push` its outs. With `prefect.gpu_mode: deployment` the orchestrating flow sends GPU
 stages to the `gpu` deployment instead of running them: it pushes their deps, ships the small git-tracked files
-the worker needs (dvc.lock, params files, uncached upstream outs), waits, then adopts the worker's dvc.lock entry
-and uncached outs and `dvc pull`s the stage's outs.
+the worker needs (dvc.lock, params files, uncached upstream outs) and its own commit (`git_commit`: the worker checks
+it out, detached, whatever its branch head is; uncommitted changes to tracked code are refused first, since the worker
+could not see them), waits, reads the worker's record from the run's persisted result (the result storage both
+share), then adopts the worker's dvc.lock entry and uncached outs and `dvc pull`s the stage's outs.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 if str(PROJECT) not in sys.path:  # a deployment loads this file by path: use the ragteam of this checkout
     sys.path.insert(0, str(PROJECT))
 
-from pydantic import Field  # noqa: E402
+from pydantic import Field, field_validator  # noqa: E402
 
 from ragteam.orchestration_env import configure_prefect_env, subprocess_env  # noqa: E402
 
@@ -48,6 +51,9 @@ from ragteam.config import ParamsError, Strict, load_params, parse_section  # no
 from ragteam.io import atomic_file  # noqa: E402
 
 FLOW_NAME = "ragteam-pipeline"
+DEFAULT_RESULT_STORAGE = ".prefect/results"  # git-ignored (/.prefect/)
+RESULT_STORAGE_ENV = "RAGTEAM_RESULT_STORAGE"  # set by an orchestrator for the runs it starts on a work pool
+DEPLOYMENT_POLL_S = 2.0  # how often the orchestrator asks the server whether a deployment run has finished
 
 
 class PrefectParams(Strict):
@@ -57,6 +63,22 @@ class PrefectParams(Strict):
     gpu_mode: Literal["local", "deployment"]
     gpu_deployment: str = Field(pattern=r"^[^/]+/[^/]+$")  # "<flow name>/<deployment name>"
     max_parallel_stages: int | None = Field(default=None, ge=1)  # None: auto (`parallel_stages`)
+    # where Prefect persists flow results (a directory: relative to the project root, or absolute); GPU workers on
+    # other hosts need one both sides mount at the same path
+    result_storage: str = DEFAULT_RESULT_STORAGE
+
+    @field_validator("result_storage")
+    @classmethod
+    def _a_directory_path(cls, v: str) -> str:
+        return check_result_storage(v)
+
+
+def check_result_storage(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("must be a directory path (a non-empty string)")
+    if "://" in v:
+        raise ValueError("must be a directory path (relative to the project root, or absolute), not a URL")
+    return v
 
 
 def parallel_stages(cfg: PrefectParams, params: dict, cpus: int | None = None) -> int:
@@ -79,12 +101,42 @@ class PipelineFailed(RuntimeError):
     """One or more stages failed; the message names them and the stages left unrun."""
 
 
+class CommitUnavailable(RuntimeError):
+    """A worker could not check out the commit its orchestrator runs; the message names both commits."""
+
+
+class UncommittedChanges(RuntimeError):
+    """The orchestrating checkout has uncommitted changes to tracked files a GPU worker would not see."""
+
+
 def load_prefect_params(root: Path, stages: dict[str, lin.Stage]) -> PrefectParams:
     cfg = parse_section(load_params(root / "params.yaml"), "prefect", PrefectParams, str(root / "params.yaml"))
     unknown = [s for s in cfg.gpu_stages if s not in stages]
     if unknown:
         raise ParamsError(f"{root / 'params.yaml'}: prefect.gpu_stages: unknown stage(s) {unknown}")
     return cfg
+
+
+def result_storage_for(root: str | Path) -> Path:
+    """The directory Prefect persists this project's flow results in: $RAGTEAM_RESULT_STORAGE if set (an
+    orchestrator sets it for the deployment runs it starts, so both sides use one directory), else
+    `params.yaml: prefect.result_storage` of `root` (relative paths are under `root`), else `.prefect/results`."""
+    if env := os.environ.get(RESULT_STORAGE_ENV):
+        path = Path(env).expanduser()
+        if not path.is_absolute():
+            raise ValueError(f"${RESULT_STORAGE_ENV}={env!r}: must be an absolute path")
+        return path
+    params = Path(root) / "params.yaml"
+    value = DEFAULT_RESULT_STORAGE
+    if params.is_file():
+        cfg = load_params(params).get("prefect")
+        if isinstance(cfg, dict) and "result_storage" in cfg:
+            value = cfg["result_storage"]
+            try:  # the rest of the section is validated when the flow runs (load_prefect_params)
+                check_result_storage(value)
+            except ValueError as e:
+                raise ParamsError(f"{params}: invalid params:\n  prefect.result_storage: {e} (got {value!r})") from None
+    return (Path(root) / Path(value).expanduser()).resolve()
 
 
 def artifact_key(stage: str) -> str:
@@ -123,6 +175,73 @@ def repro(root: Path, name: str, force: bool, log=None) -> None:
         dvc(root, "repro", "--single-item", *(["--force"] if force else []), name, log=log)
     except StageFailed as e:
         raise StageFailed(f"stage '{name}' failed: {e}") from None
+
+
+# ---------------------------------------------------------------- the commit a GPU worker runs
+
+FULL_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # sha1 or sha256, as `git rev-parse HEAD` prints them
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, env=subprocess_env())
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def orchestrator_commit(root: Path, stages: dict[str, lin.Stage]) -> str:
+    """HEAD of the orchestrating checkout: the commit GPU workers check out. Refused (UncommittedChanges) when a
+    tracked file has uncommitted changes a worker would not see: anything but dvc.lock and params files (shipped
+    with each run, `worker_files`), declared outs (written by this pipeline) and .gitignore files (dvc edits them).
+    Untracked files are not looked at."""
+    head = lin.git_head(root)
+    if not head:
+        raise UncommittedChanges(f"{root}: not a git checkout with a commit; prefect.gpu_mode: deployment sends GPU "
+                                 f"workers the commit to check out")
+    diff = _git(root, "diff", "--name-only", "--relative", "-z", "HEAD")
+    if diff.returncode != 0:
+        raise UncommittedChanges(f"{root}: `git diff --name-only HEAD` failed: {_last_line(diff.stderr)}")
+    shipped = {"dvc.lock"} | {f for st in stages.values() for f in st.params}
+    outs = [PurePosixPath(o) for st in stages.values() for o in st.outs]
+    unseen = [p for p in diff.stdout.split("\0") if p and p not in shipped and PurePosixPath(p).name != ".gitignore"
+              and not any(PurePosixPath(p).is_relative_to(o) for o in outs)]
+    if unseen:
+        raise UncommittedChanges(
+            f"{root}: uncommitted changes to {', '.join(sorted(unseen))}: a GPU worker checks out commit {head} "
+            f"and would not see them. Commit and push them (or set prefect.gpu_mode: local)")
+    return head
+
+
+def checkout_commit(root: Path, commit: str, log=None) -> str:
+    """Worker side: make the checkout at `root` the orchestrator's `commit` (detached HEAD), fetching it from
+    `origin` if the clone lacks it (a deployment clones a branch head, shallow). Returns the HEAD the clone had.
+    CommitUnavailable, naming both commits, if it cannot."""
+    if not FULL_SHA.match(commit):
+        raise CommitUnavailable(f"git_commit {commit!r}: not a full commit hash (as `git rev-parse HEAD` prints it)")
+    head = lin.git_head(root)
+    if head == commit:
+        return head
+    has = lambda: _git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0  # noqa: E731
+    if not has():
+        origin = _git(root, "remote", "get-url", "origin").stdout.strip() or "(no 'origin' remote)"
+        shallow = _git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true"
+        fetch = _git(root, "fetch", "-q", *(["--depth", "1"] if shallow else []), "origin", commit)
+        if fetch.returncode != 0 or not has():
+            raise CommitUnavailable(
+                f"{root}: cannot run the orchestrator's commit {commit}: this clone is at {head} and "
+                f"`git fetch origin {commit}` from {origin} failed ({_last_line(fetch.stderr)}); push that commit")
+    co = _git(root, "checkout", "-q", "--detach", commit)
+    if co.returncode != 0:
+        raise CommitUnavailable(f"{root}: cannot check out the orchestrator's commit {commit} over {head}: "
+                                f"{_last_line(co.stderr)}")
+    if log:
+        log.info(f"checked out {commit}, the orchestrator's commit (the clone was at {head})")
+        if head and _git(root, "diff", "--quiet", head, commit, "--", "flows", "ragteam").returncode == 1:
+            log.warning(f"flows/ or ragteam/ differ between {head} and {commit}: the stages run {commit}'s code, "
+                        f"this flow process runs the code it was loaded with ({head})")
+    return head
 
 
 # ---------------------------------------------------------------- remote mode (GPU workers)
@@ -219,40 +338,38 @@ def adopt_remote_result(root: Path, stages: dict[str, lin.Stage], record: dict, 
                 repo.scm_context.ignore(str(root / out))
 
 
-def read_stage_record(key: str, flow_run_id: Any = None) -> dict | None:
-    """The JSON record of the newest artifact `key` (of one flow run if given) from the Prefect API."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
-    from prefect.client.schemas.sorting import ArtifactSort
-
-    by_run = {} if flow_run_id is None else {"flow_run_id": ArtifactFilterFlowRunId(any_=[flow_run_id])}
-    filt = ArtifactFilter(key=ArtifactFilterKey(any_=[key]), **by_run)
-    with get_client(sync_client=True) as client:
-        arts = client.read_artifacts(artifact_filter=filt, sort=ArtifactSort.CREATED_DESC, limit=1)
-    return parse_record(arts[0].data) if arts else None
-
-
-def submit_to_deployment(deployment: str, name: str, parameters: dict) -> dict:
-    """Run one stage on the deployment's work pool, wait, and return the record its run published."""
+def submit_to_deployment(deployment: str, name: str, parameters: dict, storage: Path) -> dict:
+    """Run one stage on the deployment's work pool, wait, and return its record: the run's return value, which it
+    persists in `storage` ($RAGTEAM_RESULT_STORAGE for that run) and this side reads back through Prefect."""
     from prefect.deployments import run_deployment
 
-    run = run_deployment(name=deployment, parameters=parameters, flow_run_name=f"{name}-on-{deployment.split('/')[1]}")
+    run = run_deployment(name=deployment, parameters=parameters, flow_run_name=f"{name}-on-{deployment.split('/')[1]}",
+                         job_variables={"env": {RESULT_STORAGE_ENV: str(storage)}}, poll_interval=DEPLOYMENT_POLL_S)
+    where = f"stage '{name}': flow run {run.id} on {deployment}"
     if run.state is None or not run.state.is_completed():
-        raise StageFailed(f"stage '{name}': flow run {run.id} on {deployment} ended {run.state and run.state.name}")
-    record = read_stage_record(artifact_key(name), run.id)
-    if record is None:
-        raise StageFailed(f"stage '{name}': flow run {run.id} on {deployment} published no artifact")
+        raise StageFailed(f"{where} ended {run.state and run.state.name}")
+    try:
+        result = run.state.result()
+    except Exception as e:  # e.g. a worker on another host wrote to a directory this machine does not mount
+        raise StageFailed(f"{where} completed, but its result could not be read from {storage} "
+                          f"({type(e).__name__}: {e}); prefect.result_storage must be a directory the workers and "
+                          f"this machine share at the same path") from None
+    record = result.get("stages", {}).get(name) if isinstance(result, dict) else None
+    if not isinstance(record, dict):
+        raise StageFailed(f"{where} returned no record for the stage (its result: {str(result)[:200]})")
     return record
 
 
 def dispatch_to_deployment(root: Path, stages: dict[str, lin.Stage], name: str, force: bool, deployment: str,
-                           log=None) -> dict:
-    """Orchestrator side of a GPU stage: push its deps, run it on the deployment, adopt the result."""
+                           commit: str, log=None) -> dict:
+    """Orchestrator side of a GPU stage: push its deps, run it at `commit` on the deployment, adopt the result."""
     if targets := pull_targets(stages, name):
         dvc(root, "push", *targets, log=log)
-    params = {"targets": [name], "upstream": False, "remote": True, "force": force,
+    params = {"targets": [name], "upstream": False, "remote": True, "force": force, "git_commit": commit,
               "files": worker_files(root, stages, name)}
-    record = submit_to_deployment(deployment, name, params)
+    record = submit_to_deployment(deployment, name, params, result_storage_for(root))
+    if record.get("git_commit") != commit:
+        raise StageFailed(f"stage '{name}': the worker ran commit {record.get('git_commit')}, not {commit}")
     adopt_remote_result(root, stages, record, log)
     return record
 
@@ -261,7 +378,8 @@ def dispatch_to_deployment(root: Path, stages: dict[str, lin.Stage], name: str, 
 
 
 def render_record(record: dict) -> str:
-    """Markdown for the Prefect UI; the final ```json block is the machine-readable record."""
+    """Markdown for the Prefect UI, ending with the record as JSON (for people: the orchestrator reads records from
+    flow results, not from here)."""
     rows = [f"| dep | `{p}` | `{h}` |" for p, h in record["deps"].items()]
     rows += [f"| out | `{p}` | `{h}` |" for p, h in record["outs"].items()]
     for fname, vals in record["params"].items():
@@ -282,25 +400,19 @@ def render_record(record: dict) -> str:
     ])
 
 
-def parse_record(markdown: str) -> dict:
-    blocks = re.findall(r"```json\n(.*?)\n```", markdown, flags=re.S)
-    if not blocks:
-        raise ValueError("artifact has no ```json record block")
-    return json.loads(blocks[-1])
-
-
 # ---------------------------------------------------------------- tasks and the flow
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{name}")
-def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, mode: str, deployment: str) -> dict:
+def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, mode: str, deployment: str,
+              commit: str | None = None) -> dict:
     """One stage. mode: local (`dvc repro --single-item`), remote (pull deps / repro / push outs) or
-    deployment (send it to the GPU deployment and adopt the result)."""
+    deployment (send it, with the orchestrator's `commit`, to the GPU deployment and adopt the result)."""
     log = get_run_logger()
     r = Path(root)
     t0 = time.monotonic()
     if mode == "deployment":
-        record = dispatch_to_deployment(r, stages, name, force, deployment, log)
+        record = dispatch_to_deployment(r, stages, name, force, deployment, commit, log)
     elif mode == "remote":
         record = run_stage_remote(r, stages, name, force, log)
     else:
@@ -343,7 +455,15 @@ def describe_plan(root: str | Path | None = None, targets: list[str] | None = No
     return lines
 
 
-@flow(name=FLOW_NAME, log_prints=True)
+def _import_time_storage() -> Path:  # a Path: Prefect writes results there through an (unsaved) LocalFileSystem
+    try:
+        return result_storage_for(PROJECT)
+    except (ParamsError, ValueError):  # reported, naming the param, when the flow runs (load_prefect_params)
+        return PROJECT / DEFAULT_RESULT_STORAGE
+
+
+@flow(name=FLOW_NAME, log_prints=True, persist_result=True, result_serializer="json",
+      result_storage=_import_time_storage())
 def pipeline(
     targets: list[str] | None = None,
     force: bool = False,
@@ -352,6 +472,7 @@ def pipeline(
     upstream: bool = True,
     root: str | None = None,
     files: dict[str, str] | None = None,
+    git_commit: str | None = None,
 ) -> dict[str, Any]:
     """Run the dvc.yaml stages (or `targets` and, if `upstream`, their upstreams) as Prefect tasks.
 
@@ -359,8 +480,16 @@ def pipeline(
     and push outs around each stage (GPU workers). files: small files to write first (sent by the orchestrator):
     only dvc.lock, the targets' params files and upstream uncached outs (`sendable_files`); code, dvc.yaml or any
     other path is refused before anything is written, so the stages run the code of the checked-out commit.
+    git_commit (remote runs only; an orchestrator sends its HEAD): check that commit out first (detached), fetching
+    it from `origin` if needed; CommitUnavailable if the clone cannot. The return value (plan and stage records) is
+    persisted as JSON in `prefect.result_storage` (`result_storage_for`).
     """
     r = Path(root or PROJECT).resolve()
+    if git_commit:
+        if not remote:
+            raise ValueError("git_commit is for remote runs (remote=True, a GPU worker's fresh clone): it would "
+                             f"detach the HEAD of {r}")
+        checkout_commit(r, git_commit, get_run_logger())
     stages = lin.load_stages(r)
     if files:
         write_files(r, files, sendable_files(stages, targets))
@@ -374,6 +503,8 @@ def pipeline(
         return {"plan": levels}
     modes = stage_modes(stages, cfg, remote)
     selected = [n for level in levels for n in level]
+    # GPU workers run this checkout's commit: refuse before anything runs if they could not see what runs here
+    commit = orchestrator_commit(r, stages) if any(modes[n] == "deployment" for n in selected) else None
     ups = {n: [u for u in graph[n] if u in selected] for n in selected}
     task_ = run_stage.with_options(retries=cfg.retries, retry_delay_seconds=cfg.retry_delay_s)
     cap = parallel_stages(cfg, load_params(r / "params.yaml"))
@@ -390,7 +521,8 @@ def pipeline(
                 pending.remove(n)
             elif all(u in done for u in ups[n]) and len(running) < cap:
                 futures[n] = running[n] = task_.submit(
-                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, wait_for=[futures[u] for u in ups[n]]
+                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, commit,
+                    wait_for=[futures[u] for u in ups[n]]
                 )
                 pending.remove(n)
         if not running:
@@ -409,8 +541,14 @@ def pipeline(
             except Exception as e:  # the task's own error, after its retries
                 failed[n] = str(e)
     for n, rec in done.items():
-        print(f"{n}: done in {rec['seconds']} s ({modes[n]})")
+        print(f"{n}: done in {rec['seconds']} s ({modes[n]}, commit {rec.get('git_commit')})")
     if failed:
         msg = "; ".join(f"{n}: {e.splitlines()[0]}" for n, e in failed.items())
         raise PipelineFailed(f"stage(s) failed: {msg}" + (f"; not run: {', '.join(skipped)}" if skipped else ""))
     return {"plan": levels, "stages": done}
+
+
+def flow_for(root: str | Path):
+    """`pipeline` persisting its results in `root`'s result storage (the module-level flow uses this checkout's,
+    or $RAGTEAM_RESULT_STORAGE)."""
+    return pipeline.with_options(result_storage=result_storage_for(root))

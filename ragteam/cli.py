@@ -219,7 +219,7 @@ def flow_run(
     root = find_root()
     # flows/ lives beside dvc.yaml, outside the installed package (else: the checkout ragteam comes from)
     sys.path.insert(0, str(root if (root / "flows").is_dir() else Path(ragteam.__file__).resolve().parents[1]))
-    from flows.pipeline import describe_plan, pipeline
+    from flows.pipeline import describe_plan, flow_for
 
     try:  # also checks targets and params before a Prefect server is started
         plan = describe_plan(root, targets or None, not single, remote)
@@ -228,8 +228,8 @@ def flow_run(
     if dry_run:
         typer.echo("\n".join(plan))
         return
-    state = pipeline(targets=targets or None, force=force, remote=remote, upstream=not single, root=str(root),
-                     return_state=True)
+    state = flow_for(root)(targets=targets or None, force=force, remote=remote, upstream=not single,
+                           root=str(root), return_state=True)
     if not state.is_completed():
         try:
             state.result()

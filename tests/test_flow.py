@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -137,6 +136,7 @@ def make_repo(path: Path, dvc_yaml: str, files: dict[str, str], params: dict, re
     (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (path / ".gitignore").write_text("/log/\n")
     for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(text)
     sh(["git", "add", "-A"], path)
     sh(["git", "commit", "-q", "-m", "toy"], path)
@@ -154,6 +154,8 @@ def flows_mod(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")
     mp = pytest.MonkeyPatch()
     mp.setenv("PREFECT_HOME", str(home))
+    # flow results go here, not under this checkout's .prefect/results (flow_for(root) tests unset it)
+    mp.setenv("RAGTEAM_RESULT_STORAGE", str(tmp_path_factory.mktemp("prefect-results")))
     mp.delenv("PREFECT_API_URL", raising=False)
     mp.syspath_prepend(str(REPO))
     from prefect.settings import (
@@ -175,17 +177,23 @@ def flows_mod(tmp_path_factory):
     mp.undo()
 
 
+def parse_record(markdown: str) -> dict:
+    """The record a stage artifact shows at its end, as JSON (for people; the flow itself returns the records)."""
+    blocks = re.findall(r"```json\n(.*?)\n```", markdown, flags=re.S)
+    assert blocks, f"artifact has no ```json block:\n{markdown}"
+    return json.loads(blocks[-1])
+
+
 def artifacts_of(flow_run_id) -> dict[str, dict]:
     """Stage records of one flow run, read back through the Prefect client."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from flows.pipeline import parse_record
-
     with get_client(sync_client=True) as client:
         arts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-    return {a.key: (a.data if a.key.startswith("report-") else parse_record(a.data)) for a in arts}
+    return {a.key: (a.data if a.key.startswith("report-") else parse_record(a.data)) for a in arts
+            if a.key}  # keyless: the result artifacts Prefect adds for persisted results
 
 
 def lock_md5s(repo: Path, stage: str, kind: str) -> dict[str, str]:
@@ -193,11 +201,14 @@ def lock_md5s(repo: Path, stage: str, kind: str) -> dict[str, str]:
     return {d["path"]: d["md5"] for d in entry[kind]}
 
 
-def test_flow_runs_chain_in_order_and_records_artifacts(flows_mod, tmp_path):
+def test_flow_runs_chain_in_order_and_records_artifacts(flows_mod, tmp_path, monkeypatch):
     repo = chain_repo(tmp_path / "toy")
-    state = flows_mod.pipeline(root=str(repo), return_state=True)
+    monkeypatch.delenv("RAGTEAM_RESULT_STORAGE")  # the toy's params decide: the default, .prefect/results
+    state = flows_mod.flow_for(repo)(root=str(repo), return_state=True)
     assert state.is_completed(), state
     assert state.result()["plan"] == [["make"], ["count"]]
+    [persisted] = (repo / ".prefect/results").iterdir()  # the return value, as JSON, where params.yaml says
+    assert json.loads(persisted.read_text()) == json.loads(json.dumps(state.result()))
     assert (repo / "out/count.txt").read_text() == "12"  # (1+2+3) * scale 2
     assert (repo / "log/runs.log").read_text().split() == ["make", "count"]
 
@@ -266,7 +277,9 @@ def test_parallel_stages_is_the_param_or_the_cores_one_llm_stage_leaves_room_for
 
 def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mod, tmp_path, monkeypatch):
     """gpu_mode: deployment. The deployment call is replaced by running the same flow, as the gpu deployment
-    would (remote=True, upstream=False), in a separate git clone sharing only the DVC remote."""
+    would (remote=True, upstream=False), in a separate git clone sharing only the DVC remote and the result storage;
+    the orchestrator reads the worker's record from the flow run's persisted result, as the server reports it.
+    (tests/test_flow_server.py does this with a real server, work pool and worker.)"""
     remote = tmp_path / "dvc-remote"
     repo = chain_repo(tmp_path / "main", remote=remote, gpu_stages=["count"], gpu_mode="deployment")
     worker = tmp_path / "worker"
@@ -276,18 +289,36 @@ def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mo
     gpu_params = next(d for d in gpu_deployment if d["work_pool"]["name"] == "gpu")["parameters"]
     calls = []
 
-    def fake_run_deployment(name, parameters, flow_run_name=None, **kw):
-        calls.append((name, parameters))
+    runs = []
+
+    def fake_run_deployment(name, parameters, flow_run_name=None, job_variables=None, **kw):
+        calls.append((name, parameters, job_variables))
         assert not (worker / "data/raw").exists()  # the worker only gets deps through `dvc pull`
         state = fp.pipeline(root=str(worker), **{**gpu_params, **parameters}, return_state=True)
-        return SimpleNamespace(id=state.state_details.flow_run_id, state=state)
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:  # the run as the server has it: no result in memory
+            runs.append(client.read_flow_run(state.state_details.flow_run_id))
+        return runs[-1]
 
     monkeypatch.setattr("prefect.deployments.run_deployment", fake_run_deployment)
     state = fp.pipeline(root=str(repo), return_state=True)
     assert state.is_completed(), state
 
-    [(name, params)] = calls
+    [(name, params, job_vars)] = calls
     assert name == "ragteam-pipeline/gpu" and params["targets"] == ["count"] and params["upstream"] is False
+    head = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    assert params["git_commit"] == head
+    storage = fp.result_storage_for(repo)
+    assert job_vars == {"env": {"RAGTEAM_RESULT_STORAGE": str(storage)}}  # the worker persists where we read
+    # the worker's return value, persisted as JSON in the result storage, is what the orchestrator adopted
+    from prefect._internal.result_records import ResultRecordMetadata
+
+    meta = runs[0].state.data
+    assert isinstance(meta, ResultRecordMetadata) and Path(meta.storage_key).parent == storage
+    persisted = json.loads(Path(meta.storage_key).read_text())
+    assert persisted["stages"]["count"]["git_commit"] == head
+    assert persisted["stages"]["count"]["lock"] == yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["count"]
     assert (worker / "data/raw/2.txt").read_text() == "xxx"  # pulled from the DVC remote
     assert (repo / "log/runs.log").read_text().split() == ["make"]  # count did not run here...
     assert (worker / "log/runs.log").read_text().split() == ["count"]  # ...but on the worker
@@ -296,6 +327,32 @@ def test_gpu_stage_runs_on_worker_via_deployment_with_dvc_pull_and_push(flows_mo
     assert lock_md5s(repo, "count", "outs") == lock_md5s(worker, "count", "outs")
     assert json.loads(dvc(repo, "status", "--json")) == {}  # the adopted lock entry matches the workspace
     assert "/count.txt" in (repo / "out/.gitignore").read_text().split()  # git-ignored like a local repro
+
+
+def test_a_deployment_result_this_side_cannot_read_fails_the_stage_naming_the_storage(flows_mod, tmp_path,
+                                                                                       monkeypatch):
+    """The worker's record comes only from its persisted result: missing or recordless results fail clearly."""
+    from types import SimpleNamespace
+
+    from prefect._internal.result_records import ResultRecordMetadata
+    from prefect.serializers import JSONSerializer
+    from prefect.states import Completed
+
+    storage = tmp_path / "results"
+    storage.mkdir()
+
+    def fake_run(key: str):
+        meta = ResultRecordMetadata(storage_key=str(storage / key), serializer=JSONSerializer())
+        return lambda **kw: SimpleNamespace(id="run-1", state=Completed(data=meta))
+
+    monkeypatch.setattr("prefect.deployments.run_deployment", fake_run("gone"))  # a directory not shared
+    with pytest.raises(flows_mod.StageFailed, match=f"stage 'count': flow run run-1 on ragteam-pipeline/gpu "
+                                                    f"completed, but its result could not be read from {storage}"):
+        flows_mod.submit_to_deployment("ragteam-pipeline/gpu", "count", {}, storage)
+    (storage / "other").write_text(json.dumps({"plan": [["make"]], "stages": {"make": {}}}))
+    monkeypatch.setattr("prefect.deployments.run_deployment", fake_run("other"))
+    with pytest.raises(flows_mod.StageFailed, match="returned no record for the stage"):
+        flows_mod.submit_to_deployment("ragteam-pipeline/gpu", "count", {}, storage)
 
 
 def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows_mod, tmp_path):
@@ -324,6 +381,52 @@ def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows
     assert (repo / "count.py").read_text() == code["count.py"] and not (repo / "metrics/count.json").exists()
 
 
+def test_the_orchestrator_refuses_code_changes_a_gpu_worker_could_not_see(flows_mod, tmp_path):
+    repo = chain_repo(tmp_path / "toy", gpu_stages=["count"], gpu_mode="deployment")
+    fp = flows_mod
+    stages = fp.lin.load_stages(repo)
+    head = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    # shipped with the run (dvc.lock, params files), written by the pipeline (outs) or by dvc (.gitignore): fine
+    (repo / "params.yaml").write_text((repo / "params.yaml").read_text() + "# edited\n")
+    (repo / ".gitignore").write_text("/log/\n/x\n")
+    assert fp.orchestrator_commit(repo, stages) == head
+    (repo / "count.py").write_text(COUNT_PY + "# not committed\n")
+    with pytest.raises(fp.UncommittedChanges, match=f"uncommitted changes to count.py: .*commit {head}"):
+        fp.orchestrator_commit(repo, stages)
+    state = fp.pipeline(root=str(repo), return_state=True)          # refused before any stage runs
+    assert state.is_failed()
+    with pytest.raises(fp.UncommittedChanges, match="count.py"):
+        state.result()
+    assert not (repo / "log").exists()
+    with pytest.raises(ValueError, match="git_commit is for remote runs"):  # never detaches a working checkout
+        fp.pipeline.fn(root=str(repo), git_commit=head, dry_run=True)
+    assert sh(["git", "rev-parse", "--abbrev-ref", "HEAD"], repo).strip() == "main"
+
+
+def test_a_worker_checks_out_the_orchestrators_commit_behind_its_branch_head(flows_mod, tmp_path):
+    """A deployment clones the branch head, shallow; the flow fetches and detaches at the commit it was sent."""
+    fp = flows_mod
+    repo = chain_repo(tmp_path / "toy")
+    commit_a = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    (repo / "count.py").write_text(COUNT_PY + "# B\n")
+    sh(["git", "commit", "-qam", "B"], repo)
+    commit_b = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", "--depth", "1", "--branch", "main", f"file://{repo}", str(clone)], tmp_path)
+    with pytest.raises(Exception):
+        sh(["git", "cat-file", "-e", f"{commit_a}^{{commit}}"], clone)  # not in the shallow clone
+    assert fp.checkout_commit(clone, commit_a) == commit_b
+    assert sh(["git", "rev-parse", "HEAD"], clone).strip() == commit_a
+    assert (clone / "count.py").read_text() == COUNT_PY
+    assert fp.lin.git_head(clone) == commit_a                                      # what stage records name
+    assert fp.checkout_commit(clone, commit_a) == commit_a                         # already there: nothing to do
+    unknown = "0123456789abcdef0123456789abcdef01234567"
+    with pytest.raises(fp.CommitUnavailable, match=f"orchestrator's commit {unknown}: this clone is at {commit_a}"):
+        fp.checkout_commit(clone, unknown)
+    with pytest.raises(fp.CommitUnavailable, match="not a full commit hash"):
+        fp.checkout_commit(clone, "main")
+
+
 def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypatch):
     repo = chain_repo(tmp_path / "toy", gpu_stages=["count"])
     assert flows_mod.describe_plan(repo) == ["level 0: make [local]", "level 1: count [local] after make"]
@@ -349,6 +452,26 @@ def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypa
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(flows_mod.ParamsError, match=r"prefect\.retries"):
         flows_mod.describe_plan(repo)
+
+    # prefect.result_storage: a directory, relative to the project root or absolute; $RAGTEAM_RESULT_STORAGE wins
+    monkeypatch.delenv("RAGTEAM_RESULT_STORAGE")
+    for value, where in (("runs/results", repo / "runs/results"), (str(tmp_path / "shared"), tmp_path / "shared")):
+        params["prefect"] = prefect_section(result_storage=value)
+        (repo / "params.yaml").write_text(yaml.safe_dump(params))
+        assert flows_mod.result_storage_for(repo) == where
+        assert flows_mod.flow_for(repo).result_storage == where
+    for bad, why in (("s3://bucket/results", "not a URL"), ("", "non-empty"), (3, "string")):
+        params["prefect"] = prefect_section(result_storage=bad)
+        (repo / "params.yaml").write_text(yaml.safe_dump(params))
+        with pytest.raises(flows_mod.ParamsError, match=rf"invalid params:\n  prefect\.result_storage: .*{why}"):
+            flows_mod.describe_plan(repo)
+        with pytest.raises(flows_mod.ParamsError, match=rf"prefect\.result_storage: .*{why}"):
+            flows_mod.result_storage_for(repo)
+    monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", str(tmp_path / "from-env"))
+    assert flows_mod.result_storage_for(repo) == tmp_path / "from-env"
+    monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", "relative")
+    with pytest.raises(ValueError, match="RAGTEAM_RESULT_STORAGE='relative': must be an absolute path"):
+        flows_mod.result_storage_for(repo)
 
 
 def test_prefect_yaml_deployments_target_the_flow():
