@@ -20,7 +20,7 @@ repro: setup setup-worker  ## the default pipeline, offline, on CPU
 	dvc repro
 
 flow: setup setup-worker   ## the same DAG through Prefect (ephemeral local API)
-	python -m flows.pipeline
+	ragteam flow run
 
 test: setup-dev setup-worker  ## the test suite (CI runs exactly this): the main one, then vLLM's in the worker env
 	python -m pytest -q --durations=15

@@ -492,3 +492,15 @@ def test_prefect_yaml_deployments_target_the_flow():
     params = yaml.safe_load((REPO / "params.yaml").read_text())["prefect"]
     assert params["gpu_deployment"] == f"{FLOW_NAME}/{pools['gpu']['name']}"
 
+
+
+def test_make_flow_runs_the_flow_not_just_an_import():
+    """`make flow` ran `python -m flows.pipeline`, a module without a __main__ block: it imported and ran nothing.
+    The target runs the CLI; its plan (a dry run, no server) lists every dvc.yaml stage."""
+    recipe = re.search(r"^flow:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M).group(1).split("\n")[0]
+    assert recipe.strip() == "ragteam flow run"
+    out = subprocess.run([str(Path(sys.executable).parent / "ragteam"), "flow", "run", "--dry-run"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert all(name in out.stdout for name in stages)
