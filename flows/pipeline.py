@@ -223,6 +223,11 @@ def checkout_commit(root: Path, commit: str, log=None) -> str:
     head = lin.git_head(root)
     if head == commit:
         return head
+    dirty = _git(root, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+    if dirty:   # a deployment's fresh clone has none; a person's checkout would carry its edits onto `commit`
+        raise CommitUnavailable(f"{root}: uncommitted changes to tracked files ({_last_line(dirty)} ...): refusing "
+                                f"to check out the orchestrator's commit {commit} over {head}; run GPU stages in a "
+                                f"clean clone (the gpu deployment makes one)")
     has = lambda: _git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0  # noqa: E731
     if not has():
         origin = _git(root, "remote", "get-url", "origin").stdout.strip() or "(no 'origin' remote)"
@@ -232,6 +237,17 @@ def checkout_commit(root: Path, commit: str, log=None) -> str:
             raise CommitUnavailable(
                 f"{root}: cannot run the orchestrator's commit {commit}: this clone is at {head} and "
                 f"`git fetch origin {commit}` from {origin} failed ({_last_line(fetch.stderr)}); push that commit")
+    # only a commit of the branch this deployment clones (its head at clone time): a hash alone would let a run's
+    # caller execute any commit the remote serves (forks' and pull requests' included, on some hosts)
+    if _git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        deepen = _git(root, "fetch", "-q", "--unshallow", "origin")
+        if deepen.returncode != 0:
+            raise CommitUnavailable(f"{root}: cannot check that {commit} belongs to the branch at {head}: `git fetch "
+                                    f"--unshallow origin` failed ({_last_line(deepen.stderr)})")
+    if not head or _git(root, "merge-base", "--is-ancestor", commit, head).returncode != 0:
+        raise CommitUnavailable(f"{root}: the orchestrator's commit {commit} is not in the history of the branch "
+                                f"this deployment clones (at {head}): push it to that branch, or deploy the branch "
+                                f"it is on (RAGTEAM_GIT_BRANCH)")
     co = _git(root, "checkout", "-q", "--detach", commit)
     if co.returncode != 0:
         raise CommitUnavailable(f"{root}: cannot check out the orchestrator's commit {commit} over {head}: "
@@ -347,17 +363,42 @@ def submit_to_deployment(deployment: str, name: str, parameters: dict, storage: 
                          job_variables={"env": {RESULT_STORAGE_ENV: str(storage)}}, poll_interval=DEPLOYMENT_POLL_S)
     where = f"stage '{name}': flow run {run.id} on {deployment}"
     if run.state is None or not run.state.is_completed():
-        raise StageFailed(f"{where} ended {run.state and run.state.name}")
+        said = f": {run.state.message}" if run.state is not None and run.state.message else ""
+        raise StageFailed(f"{where} ended {run.state and run.state.name}{said} (the worker's log has the rest)")
     try:
-        result = run.state.result()
-    except Exception as e:  # e.g. a worker on another host wrote to a directory this machine does not mount
+        result = read_worker_result(run.state, storage)
+    except (OSError, ValueError) as e:  # e.g. a worker on another host wrote to a directory this machine lacks
         raise StageFailed(f"{where} completed, but its result could not be read from {storage} "
                           f"({type(e).__name__}: {e}); prefect.result_storage must be a directory the workers and "
                           f"this machine share at the same path") from None
     record = result.get("stages", {}).get(name) if isinstance(result, dict) else None
-    if not isinstance(record, dict):
+    if not isinstance(record, dict) or record.get("stage") != name:
         raise StageFailed(f"{where} returned no record for the stage (its result: {str(result)[:200]})")
     return record
+
+
+def read_worker_result(state: Any, storage: Path) -> Any:
+    """The return value a worker's flow run persisted, read as plain JSON from inside `storage`. Never through
+    Prefect's own deserialiser (`state.result()`): that decodes with whatever serializer the run's state names,
+    pickle included, so whoever can write a run's state or the shared directory could run code here. Refused: a
+    state that names no stored result, a serializer other than json, a path outside `storage`."""
+    meta = getattr(state, "data", None)
+    if isinstance(meta, dict):
+        key, ser = meta.get("storage_key"), (meta.get("serializer") or {}).get("type")
+    else:
+        key, ser = getattr(meta, "storage_key", None), getattr(getattr(meta, "serializer", None), "type", None)
+    if not key:
+        raise ValueError("the run's state names no persisted result (no storage_key)")
+    if ser != "json":
+        raise ValueError(f"the run's result is serialised as {ser!r}, not json: not reading it")
+    root = storage.resolve()
+    path = (Path(key) if Path(key).is_absolute() else root / key).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"the run's result {path} lies outside the result storage {root}")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict) and set(data) == {"metadata", "result"} and isinstance(data["result"], str):
+        data = json.loads(data["result"])  # a whole result record (metadata stored beside the value)
+    return data
 
 
 def dispatch_to_deployment(root: Path, stages: dict[str, lin.Stage], name: str, force: bool, deployment: str,
@@ -485,6 +526,7 @@ def pipeline(
     persisted as JSON in `prefect.result_storage` (`result_storage_for`).
     """
     r = Path(root or PROJECT).resolve()
+    result_storage_for(r)   # a bad $RAGTEAM_RESULT_STORAGE or prefect.result_storage fails here, naming it
     if git_commit:
         if not remote:
             raise ValueError("git_commit is for remote runs (remote=True, a GPU worker's fresh clone): it would "

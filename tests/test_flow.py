@@ -427,6 +427,58 @@ def test_a_worker_checks_out_the_orchestrators_commit_behind_its_branch_head(flo
         fp.checkout_commit(clone, "main")
 
 
+def test_a_worker_runs_only_a_commit_of_its_branch_and_never_over_local_edits(flows_mod, tmp_path):
+    """A hash alone does not choose the code: a commit the remote serves from another branch (a fork's, a pull
+    request's) is refused, and so is checking out over uncommitted edits (a person's checkout, not a fresh clone)."""
+    fp = flows_mod
+    repo = chain_repo(tmp_path / "toy")
+    main_head = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    sh(["git", "checkout", "-q", "-b", "side"], repo)
+    (repo / "count.py").write_text(COUNT_PY + "import os  # not reviewed\n")
+    sh(["git", "commit", "-qam", "side"], repo)
+    side = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    sh(["git", "checkout", "-q", "main"], repo)
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", "--depth", "1", "--branch", "main", f"file://{repo}", str(clone)], tmp_path)
+    with pytest.raises(fp.CommitUnavailable, match=f"{side} is not in the history of the branch this deployment "
+                                                   f"clones \\(at {main_head}\\)"):
+        fp.checkout_commit(clone, side)
+    assert sh(["git", "rev-parse", "HEAD"], clone).strip() == main_head                 # left where it was
+    (repo / "make.py").write_text((repo / "make.py").read_text() + "# A2\n")
+    sh(["git", "commit", "-qam", "A2"], repo)
+    sh(["git", "-C", str(clone), "fetch", "-q", "origin", "main"], tmp_path)
+    (clone / "count.py").write_text("edited by hand\n")
+    with pytest.raises(fp.CommitUnavailable, match="uncommitted changes to tracked files"):
+        fp.checkout_commit(clone, sh(["git", "rev-parse", "HEAD"], repo).strip())
+    assert (clone / "count.py").read_text() == "edited by hand\n"
+
+
+def test_the_orchestrator_reads_a_workers_result_as_json_from_its_storage_only(flows_mod, tmp_path):
+    """Prefect's own `state.result()` decodes with the serializer the run's state names (pickle included): the
+    orchestrator reads the stored JSON itself, inside the result storage, and refuses anything else."""
+    from types import SimpleNamespace as NS
+
+    fp = flows_mod
+    storage = tmp_path / "results"
+    storage.mkdir()
+    (storage / "k1").write_text(json.dumps({"stages": {"count": {"stage": "count"}}}))
+    ok = NS(data=NS(storage_key=str(storage / "k1"), serializer=NS(type="json")))
+    assert fp.read_worker_result(ok, storage) == {"stages": {"count": {"stage": "count"}}}
+    wrapped = {"metadata": {"serializer": {"type": "json"}}, "result": json.dumps({"stages": {}})}
+    (storage / "k2").write_text(json.dumps(wrapped))
+    assert fp.read_worker_result(NS(data={"storage_key": "k2", "serializer": {"type": "json"}}), storage) == {
+        "stages": {}}
+    (tmp_path / "elsewhere").write_text("{}")
+    for state, why in [(NS(data=NS(storage_key=str(storage / "k1"), serializer=NS(type="pickle"))), "'pickle', not json"),
+                       (NS(data={"storage_key": str(tmp_path / "elsewhere"), "serializer": {"type": "json"}}),
+                        "outside the result storage"),
+                       (NS(data={"storage_key": "../elsewhere", "serializer": {"type": "json"}}),
+                        "outside the result storage"),
+                       (NS(data=None), "names no persisted result")]:
+        with pytest.raises(ValueError, match=why):
+            fp.read_worker_result(state, storage)
+
+
 def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypatch):
     repo = chain_repo(tmp_path / "toy", gpu_stages=["count"])
     assert flows_mod.describe_plan(repo) == ["level 0: make [local]", "level 1: count [local] after make"]
