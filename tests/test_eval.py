@@ -284,10 +284,11 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
 def test_dvc_stage_declares_what_the_stage_reads_and_writes():
     st = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["evaluate"]
     assert st["cmd"] == "python -m stages.evaluate"
-    assert set(st["params"]) == {"llm", "maps", "eval", "jade", "decor", "mask", "qagent"}  # training: joint.qagent
+    # training: joint.qagent; joint.systems: which joint systems' rows have checkpoints (rows_without_their_stage)
+    assert set(st["params"]) == {"llm", "maps", "eval", "jade", "decor", "mask", "qagent", "joint.systems"}
     deps = set(st["deps"])
     assert {"stages/evaluate.py", "ragteam/agents", "ragteam/llm", "ragteam/eval", "ragteam/rewards",
-            "models/llm"} <= deps
+            "models/llm", "models/agents", "models/warmup"} <= deps     # the checkpoints as directories
     assert "${eval.retriever}" in deps and any(str(stage.BENCHMARKS).startswith(d) for d in deps)
     outs = [next(iter(o)) if isinstance(o, dict) else o for o in st["outs"]]
     assert outs == [str(stage.RESULTS), str(stage.REPORT)]

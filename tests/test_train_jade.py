@@ -173,5 +173,10 @@ def test_pipeline_evaluates_and_registers_the_trained_jade_policy():
     ev = parse_section(params, "eval", EvalConfig)
     assert ev.systems["jade_trained"].workflow == "jade" and ev.systems["jade_trained"].model == "models/agents/jade"
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    assert "models/agents/jade" in dvc["stages"]["evaluate"]["deps"]
+    # evaluate depends on the checkpoints as a directory, so it waits for train_joint@jade (and would not, were jade
+    # left out of joint.systems: tests/test_eval_joint_rows.py)
+    from ragteam.lineage import build_graph, load_stages
+
+    assert "models/agents" in dvc["stages"]["evaluate"]["deps"]
+    assert "train_joint@jade" in build_graph(load_stages(REPO))["evaluate"]
     assert dvc["artifacts"]["jade-agent"]["path"] == "models/agents/jade"
