@@ -195,7 +195,8 @@ def orchestrator_commit(root: Path, stages: dict[str, lin.Stage]) -> str:
     """HEAD of the orchestrating checkout: the commit GPU workers check out. Refused (UncommittedChanges) when a
     tracked file has uncommitted changes a worker would not see: anything but dvc.lock and params files (shipped
     with each run, `worker_files`), declared outs (written by this pipeline) and .gitignore files (dvc edits them).
-    Untracked files are not looked at."""
+    Untracked files are refused where a stage depends on them (a new module under a dep directory: it runs here,
+    the worker's checkout lacks it); elsewhere they are not looked at."""
     head = lin.git_head(root)
     if not head:
         raise UncommittedChanges(f"{root}: not a git checkout with a commit; prefect.gpu_mode: deployment sends GPU "
@@ -207,6 +208,11 @@ def orchestrator_commit(root: Path, stages: dict[str, lin.Stage]) -> str:
     outs = [PurePosixPath(o) for st in stages.values() for o in st.outs]
     unseen = [p for p in diff.stdout.split("\0") if p and p not in shipped and PurePosixPath(p).name != ".gitignore"
               and not any(PurePosixPath(p).is_relative_to(o) for o in outs)]
+    code = sorted({d for st in stages.values() for d in st.deps
+                   if "${" not in d and not any(lin.overlaps(d, str(o)) for o in outs)})
+    if code:
+        new = _git(root, "ls-files", "--others", "--exclude-standard", "-z", "--", *code)
+        unseen += [p for p in new.stdout.split("\0") if p]
     if unseen:
         raise UncommittedChanges(
             f"{root}: uncommitted changes to {', '.join(sorted(unseen))}: a GPU worker checks out commit {head} "

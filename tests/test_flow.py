@@ -556,3 +556,21 @@ def test_make_flow_runs_the_flow_not_just_an_import():
     assert out.returncode == 0, out.stderr
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     assert all(name in out.stdout for name in stages)
+
+
+def test_an_untracked_module_a_stage_depends_on_is_refused_before_dispatch(flows_mod, tmp_path):
+    """A new file under a stage's dep directory runs here but is missing from the worker's checkout of the commit:
+    the orchestrator names it before any stage runs; untracked files no stage depends on are left alone."""
+    fp = flows_mod
+    dvc_yaml = CHAIN_DVC.replace("      - count.py\n", "      - count.py\n      - lib\n")
+    repo = make_repo(tmp_path / "toy", dvc_yaml, {"make.py": MAKE_PY, "count.py": COUNT_PY, "lib/__init__.py": ""},
+                     {"toy": {"n": 3, "scale": 2}, "prefect": prefect_section(gpu_stages=["count"],
+                                                                               gpu_mode="deployment")})
+    stages = fp.lin.load_stages(repo)
+    assert "lib" in stages["count"].deps
+    head = sh(["git", "rev-parse", "HEAD"], repo).strip()
+    (repo / "notes.txt").write_text("scratch\n")                       # no stage reads it
+    assert fp.orchestrator_commit(repo, stages) == head
+    (repo / "lib" / "helper.py").write_text("X = 1\n")                 # imported by a stage, never git-added
+    with pytest.raises(fp.UncommittedChanges, match=f"uncommitted changes to lib/helper.py: .*commit {head}"):
+        fp.orchestrator_commit(repo, stages)
