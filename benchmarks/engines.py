@@ -17,7 +17,9 @@ Needs the worker environment (vLLM) and the outputs of `dvc repro prepare_models
 
     .venv-worker/bin/python -m benchmarks.engines [--questions 16] [--only judge_labels ...] [--engines hf vllm]
 
-Writes benchmarks/results/engines.json and engines.md (the table the README quotes). Wall-clock seconds on whatever
+Writes benchmarks/results/engines.json and engines.md (the table the README quotes). `--engines vllm vllm_ray2
+--name ray_engines` compares one vLLM engine on every core with 2 engines as Ray actors, one core each
+(`llm.vllm.ray`, issue 24 §4): benchmarks/results/ray_engines.md. Wall-clock seconds on whatever
 the machine is doing: the JSON records the load average before and after, so a table from a busy machine says so.
 """
 from __future__ import annotations
@@ -45,13 +47,20 @@ def _rows(path: Path, n: int) -> list[dict]:
     return load_qa(path)[:n]
 
 
+ENGINES = ("hf", "vllm", "vllm_ray2")   # vllm_ray2: 2 vLLM engines as Ray actors on a local cluster, 1 core each
+
+
 def _llm(params: dict, backend: str):
     from ragteam.config import parse_section
     from ragteam.llm import LLMConfig
 
     llm = parse_section(params, "llm", LLMConfig)
     # vLLM without torch.compile: a stage-sized job amortises none of its ~30 s extra start-up (notes/stack.md §11)
-    return llm.model_copy(update={"backend": backend, "vllm": llm.vllm.model_copy(update={"enforce_eager": True})})
+    vllm = llm.vllm.model_copy(update={"enforce_eager": True})
+    if backend == "vllm_ray2":
+        vllm = vllm.model_copy(update={"ray": vllm.ray.model_copy(update={
+            "engines": 2, "threads_per_engine": 1, "temp_dir": str(REPO / ".ray" / "bench")})})
+    return llm.model_copy(update={"backend": "hf" if backend == "hf" else "vllm", "vllm": vllm})
 
 
 def _tokens(episodes) -> int:
@@ -149,14 +158,14 @@ def _joint(params: dict, retriever, pool: Path, n: int):
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        cfg = _llm(params, "vllm" if backend == "vllm" else "hf")
+        cfg = _llm(params, backend)
         tok = AutoTokenizer.from_pretrained(llm.model)
         model = AutoModelForCausalLM.from_pretrained(llm.model, dtype=torch.float32)
         lora = LoraConfig(r=ppo.lora.rank, lora_alpha=ppo.lora.alpha, target_modules=["q_proj", "v_proj"],
                           init_lora_weights=False)   # a non-zero adapter: what a policy looks like after a step
         policy = get_peft_model(model, lora).eval()
         work = tempfile.mkdtemp(prefix="bench-sync-", dir=REPO / ".vllm-cache")
-        engine = policy_engine("vllm" if backend == "vllm" else "live", policy, tok, llm.model, cfg, work)
+        engine = policy_engine("live" if backend == "hf" else "vllm", policy, tok, llm.model, cfg, work)
         rollouts = Rollouts(engine, dict(llm.sampling), system.roles, system.frozen_roles, cfg,
                             temperature=ppo.temperature, top_p=ppo.top_p, seed=ppo.seed)
         return rollouts, policy
@@ -208,8 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", type=int, default=16)
     ap.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    ap.add_argument("--engines", nargs="+", choices=["hf", "vllm"], default=["hf", "vllm"])
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=["hf", "vllm"])
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--name", default="engines", help="the results' file name: <out>/<name>.json and .md")
     args = ap.parse_args(argv)
     os.chdir(REPO)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -233,9 +243,9 @@ def main(argv: list[str] | None = None) -> None:
             "environment": {k: v for k, v in runtime_environment().items() if k not in ("interpreter", "prefix")},
             "command": "python -m benchmarks.engines " + " ".join(argv if argv is not None else sys.argv[1:])}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "engines.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     md = table(results, args.engines)
-    (args.out / "engines.md").write_text(md)
+    (args.out / f"{args.name}.md").write_text(md)
     print(md)
 
 

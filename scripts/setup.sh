@@ -36,6 +36,9 @@ if (( $(as_int "$have") < $(as_int "$lo") || $(as_int "$have") >= $(as_int "$hi"
 fi
 start=$(date +%s)
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+# The editable install writes ragteam.egg-info into the checkout, and `make` builds both environments at once: the
+# two scripts' editable installs take turns on .setup.lock (flock; without flock, e.g. on macOS, they run as they come).
+locked() { if command -v flock >/dev/null 2>&1; then flock .setup.lock "$@"; else "$@"; fi; }
 .venv/bin/python -m pip install -q "pip==26.3"
 torch_variant=${RAGTEAM_TORCH:-cpu}
 [[ "$torch_variant" == cpu || "$torch_variant" == cuda ]] || {
@@ -43,13 +46,13 @@ torch_variant=${RAGTEAM_TORCH:-cpu}
 if [[ "$torch_variant" == cpu && "$have" == 3.11 && "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
   echo "setup: installing requirements.lock (CPU torch, exact versions, hashes checked)"
   .venv/bin/python -m pip install -q --no-deps --require-hashes -r requirements.lock
-  .venv/bin/python -m pip install -q --no-deps -e .
+  locked .venv/bin/python -m pip install -q --no-deps -e .
 else
   echo "setup: WARNING: no lock for torch=$torch_variant, Python $have, $(uname -s)-$(uname -m): installing" \
        "pyproject.toml's ranges; versions may differ from the ones that produced dvc.lock" >&2
   # torch FIRST: any later resolver run then keeps this build instead of choosing one.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".${extras}"
+  locked .venv/bin/python -m pip install -q -e ".${extras}"
   # pyserini only for its bundled Anserini fatjar: we drive Lucene through pyjnius, so none of its
   # 50+ runtime deps (openai, onnxruntime, fastmcp, CUDA torch...) are wanted.
   .venv/bin/python -m pip install -q --no-deps "pyserini==1.6.0"

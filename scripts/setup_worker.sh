@@ -42,6 +42,9 @@ if [[ "${1:-}" == "--plan" ]]; then
   echo "$plan [$why]"; exit 0
 fi
 
+# The editable install writes ragteam.egg-info into the checkout, and `make` builds both environments at once: the
+# two scripts' editable installs take turns on .setup.lock (flock; without flock, e.g. on macOS, they run as they come).
+locked() { if command -v flock >/dev/null 2>&1; then flock .setup.lock "$@"; else "$@"; fi; }
 stamp="$VENV/.ragteam-worker-$choice"
 fresh=1
 for f in requirements-worker.txt requirements-worker.in requirements-gpu.txt scripts/setup_worker.sh; do
@@ -51,7 +54,7 @@ if (( fresh )); then
   if [[ "$VENV/.ragteam-editable" -nt pyproject.toml ]]; then
     echo "setup-worker: $VENV is up to date ($choice)"; exit 0
   fi
-  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .  # only the project's metadata changed
+  locked "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .  # only the project's metadata changed
   touch "$VENV/.ragteam-editable"; echo "setup-worker: $VENV: project reinstalled"; exit 0
 fi
 
@@ -65,7 +68,7 @@ if [[ "$choice" == cuda ]]; then
 else
   "$VENV/bin/python" -m pip install -q --no-deps -r requirements-worker.txt
 fi
-"$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .   # setuptools from the lock, not the index
+locked "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .   # setuptools from the lock, not the index
 # the engine path must import here: fail the setup, not the first stage that uses it
 "$VENV/bin/python" -c "import vllm, ragteam.llm.vllm_backend, ragteam.llm.hf, ragteam.llm.policy, ragteam.train.ppo"
 touch "$VENV/.ragteam-editable" "$stamp"

@@ -63,6 +63,10 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
         cfgs = WorkflowConfigs(maps=cfgs)
     cfgs = cfgs.model_copy(update={"baselines": ev.baselines})
     used = {s.workflow for s in ev.systems.values()}
+    guided = [n for n, s in ev.systems.items() if s.grammar]
+    if guided and llm.backend != "vllm":
+        raise ParamsError(f"eval.systems {guided}: grammar rows decode with vLLM's guided decoding, but evaluate runs "
+                          f"on the {llm.backend} engine: set llm.stages.evaluate to vllm, or drop the rows")
     t0 = time.perf_counter()
     qa = load_benchmarks(ev, benchmarks, ev.max_questions())  # every system answers a prefix of these
     needs_retrieval = any(s.workflow != "native" for s in ev.systems.values())

@@ -393,3 +393,32 @@ def test_mask_oracle_on_2wiki_rows_tops_every_reward(wiki2, tok, tmp_path):
     for ep in (e for e in eps if e.meta["oracle"] == "complete"):
         assert all(c.reward == (1.0 if c.role in (M.PLANNING, M.ANSWER) else 0.0) for c in ep.calls)
         assert ep.final_answer == ep.golden_answers[0]
+
+
+# ---- the output grammars of guided decoding (ragteam.agents.grammars, issue 24 §3) ----------------------------------
+
+def test_every_oracle_output_matches_its_roles_grammar(mask_built, qagent_built, jade_built, decor_built):
+    """The grammars hold the layout the parsers read: each oracle output (a valid, top-reward output of its role on
+    the default pool) is a full match of its role's regex, so constraining a role to it never rules out the best
+    answer."""
+    import re
+
+    from ragteam.agents.grammars import GRAMMARS
+
+    misses, seen = [], Counter()
+    for built, rows, _eps, _ in (mask_built, qagent_built, jade_built, decor_built):
+        system = built.name
+        for r in rows:
+            regex = GRAMMARS[system].get(r["role"])
+            if regex is None:
+                continue                      # a frozen helper role (DECOR's summarizer): never constrained
+            seen[system, r["role"]] += 1
+            response = r["response"]
+            if r["role"] == M.UPDATE:   # the grammar spells an Add as the prompt does, t(n+1); the oracle numbers it
+                response = re.sub(r"<Add>t\d+</Add>", "<Add>t(n+1)</Add>", response)
+            if re.fullmatch(regex, response) is None:
+                misses.append(f"{system}/{r['role']}: {r['response']!r}")
+    first = {m.split(":", 1)[0]: m for m in misses}          # one example per role
+    assert not misses, f"{len(misses)} oracle outputs outside their grammar, e.g.:\n" + "\n".join(first.values())
+    assert {s for s, _ in seen} == set(GRAMMARS)
+    assert all(role in {r for _, r in seen} for g in GRAMMARS.values() for role in g), seen

@@ -76,6 +76,18 @@ class SystemSpec(Strict):
     model: str | None = None                  # every trained role of the workflow on this checkpoint (jointly trained
                                               # teams); the FROZEN_ROLES stay where they were
     n_questions: int | None = Field(None, ge=1)  # first n of each benchmark for this row; None = eval.n_questions
+    # every role of the workflow decodes under its format's regex (guided decoding, `ragteam.agents.grammars`; the
+    # vllm engine only): the "<system>_grammar" rows, what a system loses to formatting alone
+    grammar: bool = False
+
+    @model_validator(mode="after")
+    def _grammar_has_a_table(self):
+        from ragteam.agents.grammars import GRAMMARS
+
+        if self.grammar and self.workflow not in GRAMMARS:
+            raise ValueError(f"grammar: true needs output grammars for workflow {self.workflow!r}; there are some "
+                             f"for {', '.join(sorted(GRAMMARS))}")
+        return self
 
 
 class EvalConfig(Strict):
@@ -173,6 +185,10 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
 
     models = {role: start_model(path, base_model) if (Path(path) / WARMUP_OFF).is_file() else path
               for role, path in role_models(spec, agents).items()}
+    if spec.grammar:
+        from ragteam.agents.grammars import grammar_sampling
+
+        sampling = grammar_sampling(spec.workflow, sampling)
     return engines.team({**(frozen_roles or {}), **models}, base_model, sampling)
 
 
@@ -330,7 +346,8 @@ def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequen
 
     Derived rule, each pair oriented as (more trained, less trained): standard_rag vs native when both are rows (does
     retrieval help at all); X_trained vs X for every system name that has both, likewise X_warmup vs X and X_trained
-    vs X_warmup (what RL adds to the format warm-up of a joint system); every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
+    vs X_warmup (what RL adds to the format warm-up of a joint system), X_grammar vs X (what the base model loses to
+    formatting alone: its roles decoded under their formats' regexes); every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
     (no trained_agents, no fixed_rounds); the full trained MAPS system vs each ablation (trained_agents with
     base_roles, same fixed_rounds), so a positive difference is what the ablated trained agent adds.
     """
@@ -340,6 +357,8 @@ def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequen
     pairs += [(f"{x}_trained", x) for x in systems if f"{x}_trained" in systems]
     pairs += [(f"{x}_warmup", x) for x in systems if f"{x}_warmup" in systems]
     pairs += [(f"{x}_trained", f"{x}_warmup") for x in systems if {f"{x}_trained", f"{x}_warmup"} <= set(systems)]
+    # what the base model loses to formatting alone: its roles constrained to their formats vs unconstrained
+    pairs += [(f"{x}_grammar", x) for x in systems if f"{x}_grammar" in systems]
     maps_ = {n: s for n, s in systems.items() if s.workflow == "maps"}
     full = [n for n, s in maps_.items() if s.trained_agents and not s.base_roles and s.fixed_rounds is None]
     untrained = [n for n, s in maps_.items() if not s.trained_agents and s.fixed_rounds is None]

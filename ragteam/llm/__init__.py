@@ -7,12 +7,13 @@ distinct model path once, so three MAPS agents that share a checkpoint share one
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ragteam.config import Strict
 
@@ -33,6 +34,31 @@ class SamplingConfig(Strict):
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
     min_new_tokens: int = Field(0, ge=0)   # EOS cannot end a completion before n new tokens
+    # guided decoding (vLLM's structured outputs, xgrammar): the completion is constrained to match this regular
+    # expression. For inference and for measuring what a format costs a model (the `<system>_grammar` rows); vllm
+    # only (the hf engine refuses it) and never for a trainer's policy samples (`ragteam.llm.policy.Rollouts`
+    # refuses it), since it changes the distribution the trainer's log-probs are computed under
+    regex: str | None = None
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"regex {v!r} does not compile: {e}") from None
+        return v
+
+
+class RayOptions(Strict):
+    """vLLM engines as Ray actors (`ragteam.llm.ray_engines`): `engines` > 1 puts that many engines of each model
+    behind one Engine, a call's prompts spread over them and a policy's weights broadcast to all."""
+
+    engines: int = Field(1, ge=1)           # 1: one engine in this process, no Ray
+    address: str | None = None              # an existing cluster (`ray://host:10001`, `auto`); None: a local one
+    threads_per_engine: int | None = Field(None, ge=1)  # CPU build: cores per engine (None: this machine's, split)
+    temp_dir: str = ".ray"                  # a local cluster's state (sockets, logs), inside the workspace
 
 
 class VLLMOptions(Strict):
@@ -47,6 +73,7 @@ class VLLMOptions(Strict):
     # the CPU holds its model, its KV cache (VLLM_CPU_KVCACHE_SPACE GiB) and two processes, measured 4.6 GB for
     # SmolLM2 with 2 GiB of KV, and stage evaluate asks for up to 8 checkpoints. None: no limit
     max_engines: int | None = Field(3, ge=1)
+    ray: RayOptions = RayOptions()
 
 
 class EngineConfig(Strict):
@@ -170,6 +197,10 @@ def load_engine(model_path: str, cfg: EngineConfig) -> Engine:
         from ragteam.llm.hf import HFEngine
 
         return HFEngine(model_path, cfg)
+    if cfg.vllm.ray.engines > 1:
+        from ragteam.llm.ray_engines import RayEngines
+
+        return RayEngines(model_path, cfg)
     from ragteam.llm.vllm_backend import VLLMEngine
 
     return VLLMEngine(model_path, cfg)

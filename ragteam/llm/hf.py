@@ -75,6 +75,9 @@ class HFEngine:
         """Sampling draws from the global torch RNG (transformers' `generate` has no generator argument): it is
         seeded with `sampling.seed` (else the engine's seed) inside `fork_rng`, so a call's samples depend only on
         its seed and batch, and the caller's RNG (a trainer's dropout and shuffles) is left as it was."""
+        if sampling.regex is not None:
+            raise ValueError(f"guided decoding (sampling regex {sampling.regex!r}) needs the vllm engine: the hf "
+                             "engine cannot constrain its output; set llm.backend (or llm.stages.<stage>) to vllm")
         if sampling.temperature <= 0:
             return self._generate(prompts, sampling)
         devices = [torch.device(self.device).index or 0] if self.device.startswith("cuda") else []

@@ -49,6 +49,10 @@ def policy_engine(backend: Literal["live", "vllm"], policy, tokenizer, model_pat
 
     lora = hasattr(policy, "peft_config")
     rank = policy.peft_config[policy.active_adapter].r if lora else None
+    if cfg.vllm.ray.engines > 1:          # N engines as Ray actors, each step's weights broadcast to all
+        from ragteam.llm.ray_engines import RayEngines
+
+        return VLLMPolicy(RayEngines(model_path, cfg, max_lora_rank=rank), workdir, base_loader, lora=lora)
     return VLLMPolicy(VLLMEngine(model_path, cfg, max_lora_rank=rank), workdir, base_loader, lora=lora)
 
 
@@ -62,6 +66,10 @@ class Rollouts:
                  top_p: float, seed: int):
         self.engine, self.seed = engine, seed
         default = sampling.get("default") or SamplingConfig()
+        guided = [r for r in roles if (sampling.get(r) or default).regex is not None]
+        if guided:   # the trainer's log-probs would be those of the unconstrained policy (issue 24 §3)
+            raise ValueError(f"llm.sampling: the trained roles {', '.join(guided)} have a guided-decoding regex; a "
+                             "policy's samples must be its own, unconstrained: remove it for training")
         self.sampling = {r: (sampling.get(r) or default).model_copy(update={"temperature": temperature,
                                                                            "top_p": top_p, "n": 1})
                          for r in roles}

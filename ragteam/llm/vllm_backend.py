@@ -68,6 +68,10 @@ def sampling_kwargs(s: SamplingConfig) -> dict:
               min_tokens=min(s.min_new_tokens, s.max_new_tokens))
     if s.stop:
         kw.update(stop=list(s.stop), include_stop_str_in_output=False)
+    if s.regex is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kw["structured_outputs"] = StructuredOutputsParams(regex=s.regex)
     return kw
 
 
@@ -251,7 +255,8 @@ class VLLMEngine:
             raise EngineDead(f"the vLLM engine on {self.model_path} has died (its log above has the cause); "
                              "it cannot be used again: restart the stage") from e
 
-    def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
+    def generate(self, prompts: list[Messages], sampling: SamplingConfig, *,
+                 positions: list[int] | None = None) -> list[list[Completion]]:
         """Prompts ending in an assistant message are continued inside that turn (`continue_final_message`, as
         `ragteam.llm.chat_text` renders them for the hf engine); `LLM.chat` takes that flag per call, so the two
         kinds go in two calls and come back in the caller's order.
@@ -259,10 +264,15 @@ class VLLMEngine:
         A seeded call seeds prompt i with `call_seed(seed, i)`: one seed shared by every request would give
         identical prompts (a GRPO group's G copies of a question) identical samples; per prompt, what a row draws
         does not depend on the rest of the batch either. (notes/stack.md §11 saw per-request seeds crash the CPU
-        build; 0.32.0 samples with them, reproducibly: tests/worker checks it.)"""
+        build; 0.32.0 samples with them, reproducibly: tests/worker checks it.) `positions`: each prompt's index in
+        the caller's whole call, when this engine serves a shard of it (`ragteam.llm.ray_engines`), so a prompt
+        draws what it would draw on one engine."""
+        if positions is not None and len(positions) != len(prompts):
+            raise ValueError(f"{len(positions)} positions for {len(prompts)} prompts")
         if sampling.seed is not None:
+            at = positions if positions is not None else range(len(prompts))
             params = [self._vllm.SamplingParams(**sampling_kwargs(
-                sampling.model_copy(update={"seed": call_seed(sampling.seed, i)}))) for i in range(len(prompts))]
+                sampling.model_copy(update={"seed": call_seed(sampling.seed, i)}))) for i in at]
         else:
             params = [self._vllm.SamplingParams(**sampling_kwargs(sampling))] * len(prompts)
         out: list[list[Completion]] = [[] for _ in prompts]

