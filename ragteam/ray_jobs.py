@@ -3,12 +3,13 @@
 The main environment, where stages and the Prefect orchestrator run, cannot hold `ray` (the worker environment
 has it), so this talks to the job server on the cluster's head node (the dashboard port, 8265 by default) through
 Ray's documented Jobs REST API with httpx: POST /api/jobs/, GET /api/jobs/{id}, GET /api/jobs/{id}/logs,
-DELETE /api/jobs/{id}, GET /api/jobs/ (docs.ray.io: cluster/running-applications/job-submission/api.html; Jobs
+POST /api/jobs/{id}/stop, GET /api/jobs/ (docs.ray.io: cluster/running-applications/job-submission/api.html; Jobs
 API version 4 in Ray 2.60). The job runs on the cluster: every path in its command must be valid there.
 
-Submission ids are deterministic (`submission_id`): Ray refuses a second job with an id it knows, so a rerun finds
-its earlier job. `run_job` reuses a SUCCEEDED one (not run again), waits on a PENDING/RUNNING one (not run twice),
-and deletes a FAILED/STOPPED one before submitting again (a retry).
+Submission ids are deterministic (`submission_id`), so a rerun finds its earlier job: `run_job` reuses one that
+SUCCEEDED (not run again) and waits on one PENDING/RUNNING (not run twice). After a FAILED/STOPPED one it submits
+attempt `<id>-2`, `<id>-3`, ...: Ray refuses an id it knows, and deleting the old job to reuse its id raced with its
+supervisor actor's teardown (the new job died with it) and appended the new log to the old one.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class RayJobFailed(RayJobError):
 
 @dataclass
 class JobResult:
-    submission_id: str
+    submission_id: str # the attempt that ran: the id asked for, or `<id>-<n>` after n-1 failed attempts
     status: str        # SUCCEEDED
     logs: str
     reused: bool       # True: an earlier submission with this id had already succeeded; nothing was run
@@ -123,25 +124,25 @@ class RayJobs:
         return self._call("GET", f"/api/jobs/{sid}/logs").json()["logs"]
 
     def submit(self, entrypoint: str, *, runtime_env: dict | None = None, submission_id: str | None = None,
-               metadata: dict[str, str] | None = None) -> str:
-        """Submit `entrypoint` (a shell command run on the head node); returns the submission id. Does not wait."""
+               metadata: dict[str, str] | None = None, entrypoint_num_cpus: float | None = None) -> str:
+        """Submit `entrypoint` (a shell command); returns the submission id. Does not wait. `entrypoint_num_cpus`:
+        CPUs Ray reserves for the command (it waits PENDING until a node has them; by default it reserves none and
+        runs on the head node)."""
         body = {"entrypoint": entrypoint, "runtime_env": runtime_env or {}, "metadata": metadata or {}}
         if submission_id:
             body["submission_id"] = submission_id
+        if entrypoint_num_cpus is not None:
+            body["entrypoint_num_cpus"] = entrypoint_num_cpus
         return self._call("POST", "/api/jobs/", json=body).json()["submission_id"]
 
     def stop(self, sid: str) -> bool:
         return bool(self._call("POST", f"/api/jobs/{sid}/stop").json().get("stopped"))
 
-    def delete(self, sid: str) -> bool:
-        """Forget a finished job (Ray refuses to delete one that is not in a terminal state)."""
-        return bool(self._call("DELETE", f"/api/jobs/{sid}").json().get("deleted"))
-
-    def wait(self, sid: str, *, log: Callable[[str], None] = print, poll_s: float = 0.5, max_poll_s: float = 5.0,
-             timeout_s: float | None = None) -> JobResult:
+    def wait(self, sid: str, *, log: Callable[[str], None] = print, poll_s: float = 0.5,
+             max_poll_s: float = 5.0) -> JobResult:
         """Follow a job to its end: status changes and new log lines go to `log` as they come. Returns its result
         if it SUCCEEDED; RayJobFailed (status message + log tail) if it ended FAILED or STOPPED."""
-        t0, status, shown, delay = time.monotonic(), None, 0, poll_s
+        status, shown, delay = None, 0, poll_s
         while True:
             info = self.info(sid)
             if info is None:
@@ -149,42 +150,52 @@ class RayJobs:
             logs = self.logs(sid)
             if len(logs) > shown:  # the server returns the whole log each time; show what is new
                 for line in logs[shown:].splitlines():
-                    log(line)
+                    if line.strip():
+                        log(line)
                 shown = len(logs)
             if info["status"] != status:
                 status = info["status"]
                 log(f"Ray job {sid}: {status}")
             if status in TERMINAL:
                 break
-            if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-                raise RayJobError(f"Ray job {sid} on {self.address} still {status} after {timeout_s:.0f} s")
             time.sleep(delay)
             delay = min(delay * 1.5, max_poll_s)  # long trainings: fewer whole-log fetches
         if status != "SUCCEEDED":
             raise RayJobFailed(self.address, sid, status, info.get("message") or "", logs)
         return JobResult(sid, status, logs, reused=False)
 
-    def run_job(self, entrypoint: str, *, submission_id: str, runtime_env: dict | None = None,
-                metadata: dict[str, str] | None = None, log: Callable[[str], None] = print,
-                timeout_s: float | None = None) -> JobResult:
-        """Run `entrypoint` as job `submission_id` and wait for it, without running it twice: an earlier job with
-        this id that SUCCEEDED is reused, one PENDING/RUNNING is waited on, one FAILED/STOPPED is deleted and the
-        command submitted again."""
-        info = self.info(submission_id)
-        if info is not None and info["status"] == "SUCCEEDED":
-            log(f"Ray job {submission_id} already SUCCEEDED on {self.address}: not run again")
-            return JobResult(submission_id, "SUCCEEDED", self.logs(submission_id), reused=True)
-        if info is not None and info["status"] in TERMINAL:
-            log(f"Ray job {submission_id} ended {info['status']} before: deleting it and submitting again")
-            self.delete(submission_id)
-            info = None
+    def latest_attempt(self, base: str) -> tuple[str, dict | None, int]:
+        """(id, details, n) of the last attempt the server knows of job `base` (`base`, `base-2`, ...);
+        (base, None, 0) if none."""
+        sid, info, n = base, self.info(base), 1
         if info is None:
-            try:
-                self.submit(entrypoint, runtime_env=runtime_env, submission_id=submission_id, metadata=metadata)
-                log(f"Ray job {submission_id} submitted to {self.address}: {entrypoint}")
-            except RayJobError:
-                if self.info(submission_id) is None:  # not a concurrent submitter that got there first
-                    raise
-        else:
-            log(f"Ray job {submission_id} is already {info['status']} on {self.address}: waiting on it")
-        return self.wait(submission_id, log=log, timeout_s=timeout_s)
+            return base, None, 0
+        while (later := self.info(f"{base}-{n + 1}")) is not None:
+            sid, info, n = f"{base}-{n + 1}", later, n + 1
+        return sid, info, n
+
+    def run_job(self, entrypoint: str, *, submission_id: str, runtime_env: dict | None = None,
+                metadata: dict[str, str] | None = None, entrypoint_num_cpus: float | None = None,
+                log: Callable[[str], None] = print, rerun_reason: str | None = None) -> JobResult:
+        """Run `entrypoint` as job `submission_id` and wait for it, without running it twice: if an attempt of it
+        SUCCEEDED it is reused (unless `rerun_reason` says why it must run again), one PENDING/RUNNING is waited on,
+        after one FAILED/STOPPED the command is submitted again as the next attempt (`<id>-<n>`)."""
+        sid, info, n = self.latest_attempt(submission_id)
+        if info is not None and info["status"] == "SUCCEEDED" and not rerun_reason:
+            log(f"Ray job {sid} already SUCCEEDED on {self.address}: not run again")
+            return JobResult(sid, "SUCCEEDED", self.logs(sid), reused=True)
+        if info is not None and info["status"] not in TERMINAL:
+            log(f"Ray job {sid} is already {info['status']} on {self.address}: waiting on it")
+            return self.wait(sid, log=log)
+        if info is not None:
+            why = f" ({rerun_reason})" if info["status"] == "SUCCEEDED" else ""
+            log(f"Ray job {sid} ended {info['status']} before{why}: submitting it again as {submission_id}-{n + 1}")
+            sid = f"{submission_id}-{n + 1}"
+        try:
+            self.submit(entrypoint, runtime_env=runtime_env, submission_id=sid, metadata=metadata,
+                        entrypoint_num_cpus=entrypoint_num_cpus)
+            log(f"Ray job {sid} submitted to {self.address}: {entrypoint}")
+        except RayJobError:
+            if self.info(sid) is None:  # not a concurrent submitter that got there first
+                raise
+        return self.wait(sid, log=log)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,12 +97,28 @@ def test_a_failed_job_fails_the_stage_with_its_status_and_log_tail_and_a_rerun_r
     with pytest.raises(SystemExit) as exit_:
         stage_main("train_x", "x-agent", lambda params: run_openrlhf([job], "train_x", cfg))
     line = str(exit_.value.code)
-    assert line.startswith("train_x FAILED (models/agents/x-agent left untouched): train_x: OpenRLHF job 1/1: Ray "
-                           f"job {sid}") and "ended FAILED" in line and "about to fail" in line
+    # the rerun ran it again (a retry), as the job's second attempt
+    assert line == (f"train_x FAILED (models/agents/x-agent left untouched): train_x: OpenRLHF job 1/1: Ray job "
+                    f"{sid}-2 on {ray_address} ended FAILED: Job entrypoint command failed with exit code 3; last log "
+                    f"lines: about to fail")
     assert not (tmp_path / "metrics").exists()
-    # the rerun deleted the failed job and ran it again (a retry), under the same id
     assert marker.read_text() == "ran\nran\n"
-    assert "ended FAILED before: deleting it and submitting again" in capsys.readouterr().out
+    assert f"Ray job {sid} ended FAILED before: submitting it again as {sid}-2" in capsys.readouterr().out
+    with RayJobs(ray_address) as ray:
+        assert [ray.info(i)["status"] for i in (sid, f"{sid}-2")] == ["FAILED", "FAILED"]
+        assert ray.latest_attempt(sid)[0] == f"{sid}-2"
+
+
+def test_a_stopped_job_is_an_error_naming_it(ray_address, tmp_path):
+    sid = submission_id("test-stop", str(tmp_path))
+    with RayJobs(ray_address) as ray:
+        ray.submit(marker_job(tmp_path / "marker.txt", "waiting to be stopped", sleep_s=60), submission_id=sid)
+        while ray.info(sid)["status"] == "PENDING":
+            time.sleep(0.2)
+        assert ray.stop(sid)
+        with pytest.raises(RayJobFailed, match=f"^Ray job {sid} on {ray_address} ended STOPPED: ") as err:
+            ray.wait(sid, log=lambda line: None)
+    assert err.value.status == "STOPPED" and err.value.submission_id == sid
 
 
 def test_an_unreachable_address_is_one_error_naming_it(tmp_path):

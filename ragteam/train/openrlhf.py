@@ -503,7 +503,8 @@ def submit(job: OpenRLHFJob, dry_run: bool = True, *, address: str | None = None
     unreachable address `RayUnreachable`. Returns the command line.
 
     The job's id is `job.submission_id(name)`: a rerun of the same job finds it; one that SUCCEEDED is not trained
-    again while its `output_dir` exists (DVC deletes a stage's outs before rerunning it: then it is run again).
+    again while its `output_dir` exists (DVC deletes a stage's outs before rerunning it: then it is run again),
+    one still running is waited on.
     The entrypoint runs in `job.project_dir` (the checkout on the cluster's shared filesystem).
     """
     line = job.dry_run()
@@ -512,13 +513,10 @@ def submit(job: OpenRLHFJob, dry_run: bool = True, *, address: str | None = None
         return line
     if not address:
         raise ValueError("submit(dry_run=False) needs the Ray job server's address (openrlhf.ray_address)")
-    sid = job.submission_id(name)
+    out = Path(job.project_dir) / job.output_dir
     with RayJobs(address) as ray:
-        info = ray.info(sid)
-        out = Path(job.project_dir) / job.output_dir
-        if info is not None and info["status"] == "SUCCEEDED" and not out.exists():
-            log(f"Ray job {sid} SUCCEEDED before, but its output {out} is gone: running it again")
-            ray.delete(sid)
-        ray.run_job(f"cd {shlex.quote(job.project_dir)} && {shlex.join(job.entrypoint)}", submission_id=sid,
-                    runtime_env=job.runtime_env, metadata={"ragteam_job": name}, log=log)
+        ray.run_job(f"cd {shlex.quote(job.project_dir)} && {shlex.join(job.entrypoint)}",
+                    submission_id=job.submission_id(name), runtime_env=job.runtime_env,
+                    metadata={"ragteam_job": name}, log=log,
+                    rerun_reason=None if out.exists() else f"its output {out} is gone")
     return line
