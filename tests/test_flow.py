@@ -496,6 +496,8 @@ def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypa
                                                               "level 1: count [local] after make"]
     res = CliRunner().invoke(app, ["flow", "run", "nope"])
     assert res.exit_code == 1 and "unknown stage(s) ['nope']" in res.output
+    res = CliRunner().invoke(app, ["flow", "run", "--dry-run", "--ray-address", "http://head:8265", "count"])
+    assert res.exit_code == 0 and res.output.splitlines() == ["level 0: make [ray]", "level 1: count [ray] after make"]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["prefect"]["gpu_stages"] = ["nope"]
     (repo / "params.yaml").write_text(yaml.safe_dump(params))

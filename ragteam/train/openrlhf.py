@@ -460,8 +460,8 @@ def prepare_query_grpo_job(samples: Sequence[GRPOSample | dict], job_dir: str | 
 
     The reward process loads the frozen answer agent `answer_model` (greedy, `engine_backend`) and the retriever
     `retriever` (paths valid on the cluster) once, on its first call. NOT EXECUTED HERE: this repository's
-    machine has no GPU and no Ray cluster; only the files, the command and the reward file's scoring (with a
-    scripted answer agent) are tested.
+    machine has no GPU and no OpenRLHF; the files, the command and the reward file's scoring (with a scripted
+    answer agent) are tested, and the answer agent's job is submitted to a local Ray cluster (tests/test_ray_jobs.py).
     """
     job_dir = Path(job_dir)
     dataset = job_dir / "prompts.jsonl"
