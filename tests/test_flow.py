@@ -637,9 +637,10 @@ def test_a_failing_ray_job_fails_the_flow_naming_the_stage(flows_mod, ray_addres
     assert state.is_failed()
     with pytest.raises(flows_mod.PipelineFailed,
                        match=r"stage\(s\) failed: broken: stage 'broken' failed as a Ray job: Ray job ragteam-broken-"
-                             r"[0-9a-f]{16}-2 on http://127\.0\.0\.1:\d+ ended FAILED: Job entrypoint command failed with exit "
-                             r"code \d+; last log lines: Running stage 'broken': \| > python step.py broken 0 broken "
-                             r"\| broken: failing on attempt 2 \| ERROR: failed to reproduce 'broken'") as err:
+                             r"[0-9a-f]{16}-2 on http://127\.0\.0\.1:\d+ ended FAILED: Job entrypoint command "
+                             r"failed with exit code \d+; last log lines: Running stage 'broken': \| > python step.py "
+                             r"broken 0 broken \| broken: failing on attempt 2 \| ERROR: failed to reproduce 'broken'"
+                       ) as err:
         state.result()
     assert "attempt 1" not in str(err.value)  # the retry's log only, not the first attempt's
     assert (repo / "log/broken.attempts").read_text() == "2"  # the retry ran it again: the job's attempt 2

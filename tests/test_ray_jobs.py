@@ -109,6 +109,22 @@ def test_a_failed_job_fails_the_stage_with_its_status_and_log_tail_and_a_rerun_r
         assert ray.latest_attempt(sid)[0] == f"{sid}-2"
 
 
+def test_a_succeeded_openrlhf_job_is_trained_again_only_when_its_output_is_gone(ray_address, tmp_path, capsys):
+    """DVC deletes a stage's outs before rerunning it: then the job must run again, whatever its earlier status."""
+    marker = tmp_path / "marker.txt"
+    code = f"import pathlib; pathlib.Path('out').mkdir(); open({str(marker)!r}, 'a').write('ran\\n')"
+    job, cfg = _job(tmp_path, f"{PY} -c {shlex.quote(code)}", ray_address)
+    sid = job.submission_id("train_x-0")
+    run_openrlhf([job], "train_x", cfg)
+    run_openrlhf([job], "train_x", cfg)   # the stage rerun (its process died, say): the job is not trained again
+    assert marker.read_text() == "ran\n" and f"Ray job {sid} already SUCCEEDED" in capsys.readouterr().out
+    (tmp_path / "out").rmdir()
+    run_openrlhf([job], "train_x", cfg)
+    assert marker.read_text() == "ran\nran\n" and (tmp_path / "out").is_dir()
+    assert (f"Ray job {sid} ended SUCCEEDED before (its output {tmp_path / 'out'} is gone): submitting it again as "
+            f"{sid}-2") in capsys.readouterr().out
+
+
 def test_a_stopped_job_is_an_error_naming_it(ray_address, tmp_path):
     sid = submission_id("test-stop", str(tmp_path))
     with RayJobs(ray_address) as ray:

@@ -2,8 +2,8 @@
 
 Nothing here imports OpenRLHF: the orchestrator writes the files and builds the command (v0.10.2+ dotted flags,
 see ../shared/notes/interfaces.md section 1); a dry run prints it, `submit` runs it on the Ray cluster as a Ray job
-(`ragteam.ray_jobs`, the Jobs REST API: the main environment has no `ray`), waits, and brings its logs back. The reward file calls the same
-library reward as the TRL backend (`ragteam.rewards.maps` via `openrlhf_answer_rewards`; the query agent's ΔF1
+(`ragteam.ray_jobs`, the Jobs REST API: the main environment has no `ray`), waits, and brings its logs back.
+The reward file calls the same library reward as the TRL backend (`ragteam.rewards.maps` via `openrlhf_answer_rewards`; the query agent's ΔF1
 via `openrlhf_query_rewards`, which calls `ragteam.train.maps.query_reward_func` itself).
 
 How OpenRLHF calls `reward_func` (openrlhf/utils/agent.py, SingleTurnAgentExecutor): once per sample, with
