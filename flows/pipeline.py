@@ -15,12 +15,21 @@ the worker needs (dvc.lock, params files, uncached upstream outs) and its own co
 it out, detached, whatever its branch head is; uncommitted changes to tracked code are refused first, since the worker
 could not see them), waits, reads the worker's record from the run's persisted result (the result storage both
 share), then adopts the worker's dvc.lock entry and uncached outs and `dvc pull`s the stage's outs.
+
+Ray mode (`prefect.ray_address` or `ragteam flow run --ray-address URL`): each stage that would run here runs its
+same `dvc repro --single-item` command as a Ray job on that cluster instead (`ragteam.ray_jobs`, the Jobs REST API),
+so Ray schedules the stages on the cluster's nodes (each job reserves `llm.threads` CPUs; Ray queues the rest) and
+this flow only waits: the job's log goes to the task's log, a failed job fails the task and the flow, naming the
+stage. The cluster must share this checkout's filesystem at the same path (the job `cd`s into it, runs this
+interpreter, and writes the outs and dvc.lock there); without a shared filesystem use the GPU work pool
+(`gpu_mode: deployment`), which moves data through the DVC remote.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -49,6 +58,7 @@ from prefect.futures import as_completed  # noqa: E402
 from ragteam import lineage as lin  # noqa: E402
 from ragteam.config import ParamsError, Strict, load_params, parse_section  # noqa: E402
 from ragteam.io import atomic_file  # noqa: E402
+from ragteam.ray_jobs import RayJobError, RayJobs, submission_id  # noqa: E402
 
 FLOW_NAME = "ragteam-pipeline"
 DEFAULT_RESULT_STORAGE = ".prefect/results"  # git-ignored (/.prefect/)
@@ -66,6 +76,9 @@ class PrefectParams(Strict):
     # where Prefect persists flow results (a directory: relative to the project root, or absolute); GPU workers on
     # other hosts need one both sides mount at the same path
     result_storage: str = DEFAULT_RESULT_STORAGE
+    # a Ray cluster's job server (http://<head>:8265): stages that would run here run there as Ray jobs; the
+    # cluster must share this checkout's filesystem. None: off
+    ray_address: str | None = None
 
     @field_validator("result_storage")
     @classmethod
@@ -162,19 +175,56 @@ def _run(args: list[str], root: Path, log=None) -> tuple[int, str]:
     return proc.wait(), "\n".join(tail)
 
 
+def dvc_command(*args: str) -> list[str]:
+    """`dvc --wait-for-lock <args>` with this interpreter."""
+    return [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
+
+
 def dvc(root: Path, *args: str, log=None) -> None:
-    """`dvc --wait-for-lock <args>` with this interpreter; StageFailed on a non-zero exit."""
-    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
-    rc, tail = _run(cmd, root, log)
+    """Run `dvc_command(*args)` in `root`; StageFailed on a non-zero exit."""
+    rc, tail = _run(dvc_command(*args), root, log)
     if rc != 0:
         raise StageFailed(f"`dvc {' '.join(args)}` exited {rc} in {root}:\n{tail}")
 
 
+def repro_args(name: str, force: bool) -> list[str]:
+    """The dvc arguments that run one stage, here (`repro`) or as a Ray job (`repro_on_ray`)."""
+    return ["repro", "--single-item", *(["--force"] if force else []), name]
+
+
 def repro(root: Path, name: str, force: bool, log=None) -> None:
     try:
-        dvc(root, "repro", "--single-item", *(["--force"] if force else []), name, log=log)
+        dvc(root, *repro_args(name, force), log=log)
     except StageFailed as e:
         raise StageFailed(f"stage '{name}' failed: {e}") from None
+
+
+# what a Ray job gets of this process's environment: enough to run the stage as `repro` would (its PATH, the
+# project's settings), not the rest (a job's runtime env is stored on the cluster and shown on its dashboard)
+RAY_JOB_ENV_PREFIXES = ("RAGTEAM_", "DVC_", "HF_", "VLLM_", "OMP_", "TOKENIZERS_")
+
+
+def ray_job_env() -> dict[str, str]:
+    env = subprocess_env()
+    keep = {k: v for k, v in env.items() if k.startswith(RAY_JOB_ENV_PREFIXES)}
+    return {**keep, "PATH": env["PATH"], "PYTHONUNBUFFERED": "1"}
+
+
+def repro_on_ray(root: Path, name: str, force: bool, address: str, run_key: str, cpus: float, log=None) -> str:
+    """Run the stage's `dvc repro --single-item` as a Ray job at `address`, in `root` (a path the cluster shares),
+    reserving `cpus`; wait for it, its log going to `log`. Returns the job's submission id: derived from the
+    stage, command and `run_key` (the flow run), so a task retry after a failed job submits its next attempt
+    (`<id>-2`) and never runs a second copy of one still running. StageFailed, naming the stage, if it fails."""
+    entrypoint = f"cd {shlex.quote(str(root))} && {shlex.join(dvc_command(*repro_args(name, force)))}"
+    sid = submission_id(f"ragteam-{name}", str(root), entrypoint, run_key)
+    say = log.info if log else print
+    try:
+        with RayJobs(address) as ray:
+            return ray.run_job(entrypoint, submission_id=sid, runtime_env={"env_vars": ray_job_env()},
+                               metadata={"ragteam_stage": name, "ragteam_run": run_key}, entrypoint_num_cpus=cpus,
+                               log=say).submission_id
+    except RayJobError as e:
+        raise StageFailed(f"stage '{name}' failed as a Ray job: {e}") from None
 
 
 # ---------------------------------------------------------------- the commit a GPU worker runs
@@ -452,13 +502,19 @@ def render_record(record: dict) -> str:
 
 @task(cache_policy=NO_CACHE, task_run_name="{name}")
 def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, mode: str, deployment: str,
-              commit: str | None = None) -> dict:
-    """One stage. mode: local (`dvc repro --single-item`), remote (pull deps / repro / push outs) or
-    deployment (send it, with the orchestrator's `commit`, to the GPU deployment and adopt the result)."""
+              commit: str | None = None, ray_address: str | None = None, ray_cpus: float = 1) -> dict:
+    """One stage. mode: local (`dvc repro --single-item`), remote (pull deps / repro / push outs), deployment
+    (send it, with the orchestrator's `commit`, to the GPU deployment and adopt the result) or ray (the local
+    command as a Ray job at `ray_address`, reserving `ray_cpus`; the record names the job: `ray_job`)."""
     log = get_run_logger()
     r = Path(root)
     t0 = time.monotonic()
-    if mode == "deployment":
+    if mode == "ray":
+        from prefect.runtime import flow_run
+
+        sid = repro_on_ray(r, name, force, ray_address, str(flow_run.id), ray_cpus, log)
+        record = {**lin.stage_record(r, name, stages), "ray_job": sid}
+    elif mode == "deployment":
         record = dispatch_to_deployment(r, stages, name, force, deployment, commit, log)
     elif mode == "remote":
         record = run_stage_remote(r, stages, name, force, log)
@@ -477,23 +533,26 @@ def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, m
     return record
 
 
-def stage_modes(stages: dict[str, lin.Stage], cfg: PrefectParams, remote: bool) -> dict[str, str]:
+def stage_modes(stages: dict[str, lin.Stage], cfg: PrefectParams, remote: bool,
+                ray_address: str | None = None) -> dict[str, str]:
     def mode(n: str) -> str:
         if remote:
             return "remote"
-        return "deployment" if cfg.gpu_mode == "deployment" and n in cfg.gpu_stages else "local"
+        if cfg.gpu_mode == "deployment" and n in cfg.gpu_stages:
+            return "deployment"
+        return "ray" if ray_address or cfg.ray_address else "local"
 
     return {n: mode(n) for n in stages}
 
 
 def describe_plan(root: str | Path | None = None, targets: list[str] | None = None, upstream: bool = True,
-                  remote: bool = False) -> list[str]:
+                  remote: bool = False, ray_address: str | None = None) -> list[str]:
     """Human-readable plan: levels of stages that may run concurrently, and where each runs."""
     r = Path(root or PROJECT).resolve()
     stages = lin.load_stages(r)
     graph = lin.build_graph(stages)
     cfg = load_prefect_params(r, stages)
-    modes = stage_modes(stages, cfg, remote)
+    modes = stage_modes(stages, cfg, remote, ray_address)
     lines = []
     for i, level in enumerate(lin.plan(graph, targets, upstream)):
         for n in level:
@@ -520,6 +579,7 @@ def pipeline(
     root: str | None = None,
     files: dict[str, str] | None = None,
     git_commit: str | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run the dvc.yaml stages (or `targets` and, if `upstream`, their upstreams) as Prefect tasks.
 
@@ -529,7 +589,8 @@ def pipeline(
     other path is refused before anything is written, so the stages run the code of the checked-out commit.
     git_commit (remote runs only; an orchestrator sends its HEAD): check that commit out first (detached), fetching
     it from `origin` if needed; CommitUnavailable if the clone cannot. The return value (plan and stage records) is
-    persisted as JSON in `prefect.result_storage` (`result_storage_for`).
+    persisted as JSON in `prefect.result_storage` (`result_storage_for`). ray_address: run the stages that would
+    run here as Ray jobs on that cluster (overrides `prefect.ray_address`; see the module docstring).
     """
     r = Path(root or PROJECT).resolve()
     result_storage_for(r)   # a bad $RAGTEAM_RESULT_STORAGE or prefect.result_storage fails here, naming it
@@ -546,17 +607,28 @@ def pipeline(
     cfg = load_prefect_params(r, stages)
     levels = lin.plan(graph, targets, upstream)
     if dry_run:
-        plan_lines = describe_plan(r, targets, upstream, remote)
+        plan_lines = describe_plan(r, targets, upstream, remote, ray_address)
         print("\n".join(plan_lines))
         return {"plan": levels}
-    modes = stage_modes(stages, cfg, remote)
+    modes = stage_modes(stages, cfg, remote, ray_address)
     selected = [n for level in levels for n in level]
     # GPU workers run this checkout's commit: refuse before anything runs if they could not see what runs here
     commit = orchestrator_commit(r, stages) if any(modes[n] == "deployment" for n in selected) else None
     ups = {n: [u for u in graph[n] if u in selected] for n in selected}
     task_ = run_stage.with_options(retries=cfg.retries, retry_delay_seconds=cfg.retry_delay_s)
-    cap = parallel_stages(cfg, load_params(r / "params.yaml"))
-    print(f"running at most {cap} stage(s) at once (prefect.max_parallel_stages)")
+    params = load_params(r / "params.yaml")
+    address = ray_address or cfg.ray_address
+    ray_cpus = float((params.get("llm") or {}).get("threads") or 1)
+    if any(modes[n] == "ray" for n in selected):
+        with RayJobs(address) as ray:  # an unreachable cluster fails here, once, naming its address
+            version = ray.version()
+        # Ray schedules the jobs on its nodes' CPUs (ray_cpus each, the rest queue): no local cap unless set
+        cap = cfg.max_parallel_stages or len(selected)
+        print(f"stages run as Ray jobs on {address} (Ray {version.get('ray_version')}), {ray_cpus:g} CPU(s) each; "
+              f"at most {cap} at once")
+    else:
+        cap = parallel_stages(cfg, params)
+        print(f"running at most {cap} stage(s) at once (prefect.max_parallel_stages)")
 
     pending, running, futures = list(selected), {}, {}
     done: dict[str, dict] = {}
@@ -569,7 +641,7 @@ def pipeline(
                 pending.remove(n)
             elif all(u in done for u in ups[n]) and len(running) < cap:
                 futures[n] = running[n] = task_.submit(
-                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, commit,
+                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, commit, address, ray_cpus,
                     wait_for=[futures[u] for u in ups[n]]
                 )
                 pending.remove(n)

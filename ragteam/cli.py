@@ -210,6 +210,10 @@ def flow_run(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (levels, where each stage runs) only"),
     remote: bool = typer.Option(False, "--remote", help="dvc pull each stage's deps before, dvc push its outs after"),
     single: bool = typer.Option(False, "--single", help="run only the named targets, not their upstreams"),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", metavar="URL",
+        help="run the stages as Ray jobs on this cluster's job server (http://<head>:8265), which must share this "
+             "checkout's filesystem; default: params.yaml prefect.ray_address (null: run them here)"),
 ) -> None:
     """Run the pipeline with Prefect (ephemeral local API, PREFECT_HOME=.prefect); exit 1 if a stage fails."""
     import ragteam
@@ -222,14 +226,14 @@ def flow_run(
     from flows.pipeline import describe_plan, flow_for
 
     try:  # also checks targets and params before a Prefect server is started
-        plan = describe_plan(root, targets or None, not single, remote)
+        plan = describe_plan(root, targets or None, not single, remote, ray_address)
     except (LineageError, ParamsError) as e:
         raise fail(e)
     if dry_run:
         typer.echo("\n".join(plan))
         return
     state = flow_for(root)(targets=targets or None, force=force, remote=remote, upstream=not single,
-                           root=str(root), return_state=True)
+                           root=str(root), ray_address=ray_address, return_state=True)
     if not state.is_completed():
         try:
             state.result()

@@ -20,6 +20,7 @@ from ragteam.io import DataError, read_jsonl, write_json
 from ragteam.llm import EngineDead
 from ragteam.environment import lineage_environment
 from ragteam.llm.environment import ensure_engine_environment
+from ragteam.ray_jobs import RayJobError
 from ragteam.train.checkpoints import TrainResult, save_agent
 from ragteam.train.curves import Panel, is_wall_clock, summarize, write_curves
 from ragteam.train.grpo import GRPOParams
@@ -137,12 +138,18 @@ def finish_agent(result: TrainResult, curve: Sequence[dict], *, stage: str, agen
 
 
 def run_openrlhf(jobs: Sequence[OpenRLHFJob], stage: str, cfg: OpenRLHFParams) -> None:
-    """Submit the stage's jobs in order (blocking `ray job submit` / deepspeed), or print them and stop (dry run).
+    """Run the stage's jobs in order as Ray jobs on `openrlhf.ray_address` (each waited for, its logs shown), or
+    print them and stop (dry run).
 
-    A dry run ends the stage with an error on purpose: DVC must not record outputs that were never trained.
+    A dry run ends the stage with an error on purpose: DVC must not record outputs that were never trained. A job
+    that fails, or a cluster that does not answer, ends the stage the same way (DataError: one line naming the job,
+    its status and its last log lines); a rerun does not train again a job that already succeeded.
     """
-    for job in jobs:
-        line = submit(job, dry_run=cfg.dry_run)
+    for i, job in enumerate(jobs):
+        try:
+            line = submit(job, dry_run=cfg.dry_run, address=cfg.ray_address, name=f"{stage}-{i}")
+        except RayJobError as e:
+            raise DataError(f"{stage}: OpenRLHF job {i + 1}/{len(jobs)}: {e}") from None
         if cfg.dry_run:
             print(f"{stage}: OpenRLHF dry run, not executed: {line}", flush=True)
     if cfg.dry_run:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ray_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -495,6 +496,8 @@ def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypa
                                                               "level 1: count [local] after make"]
     res = CliRunner().invoke(app, ["flow", "run", "nope"])
     assert res.exit_code == 1 and "unknown stage(s) ['nope']" in res.output
+    res = CliRunner().invoke(app, ["flow", "run", "--dry-run", "--ray-address", "http://head:8265", "count"])
+    assert res.exit_code == 0 and res.output.splitlines() == ["level 0: make [ray]", "level 1: count [ray] after make"]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["prefect"]["gpu_stages"] = ["nope"]
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
@@ -574,3 +577,77 @@ def test_an_untracked_module_a_stage_depends_on_is_refused_before_dispatch(flows
     (repo / "lib" / "helper.py").write_text("X = 1\n")                 # imported by a stage, never git-added
     with pytest.raises(fp.UncommittedChanges, match=f"uncommitted changes to lib/helper.py: .*commit {head}"):
         fp.orchestrator_commit(repo, stages)
+
+
+# ---------------------------------------------------------------- Ray mode: stages as Ray jobs on a local cluster
+
+
+@pytest.fixture(scope="module")
+def ray_address(tmp_path_factory):
+    """One local Ray cluster (worker environment) for this module's Ray tests; it shares this filesystem."""
+    from ray_cluster import local_ray_cluster
+
+    with local_ray_cluster(tmp_path_factory.mktemp("rayflow")) as address:
+        yield address
+
+
+def flow_logs(flow_run_id, last: str) -> list[str]:
+    """The run's log messages as the Prefect API has them, once `last` is among them (logs are sent in batches)."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = time.monotonic() + 30
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = [log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))]
+        if last in logs or time.monotonic() > deadline:
+            return logs
+        time.sleep(0.5)
+
+
+def test_stages_run_as_ray_jobs_on_the_cluster(flows_mod, ray_address, tmp_path):
+    from ragteam.ray_jobs import RayJobs
+
+    repo = chain_repo(tmp_path / "toy", ray_address=ray_address)
+    assert flows_mod.describe_plan(repo) == ["level 0: make [ray]", "level 1: count [ray] after make"]
+    state = flows_mod.pipeline(root=str(repo), return_state=True)
+    assert state.is_completed(), state
+    assert (repo / "out/count.txt").read_text() == "12" and len(list((repo / "data/raw").iterdir())) == 3
+    assert "Data and pipelines are up to date." in dvc(repo, "status")
+    records = state.result()["stages"]
+    with RayJobs(ray_address) as ray:
+        jobs = {j["submission_id"]: j for j in ray.list()}
+    for name in ("make", "count"):
+        job = jobs[records[name]["ray_job"]]           # each stage ran as a Ray job, and it succeeded
+        assert job["status"] == "SUCCEEDED" and job["metadata"]["ragteam_stage"] == name
+        assert job["entrypoint"].endswith(f"repro --single-item {name}")
+    assert records["count"]["outs"]["out/count.txt"] == flows_mod.lin.md5_file(repo / "out/count.txt")
+    done = f"Ray job {records['count']['ray_job']}: SUCCEEDED"
+    logs = flow_logs(state.state_details.flow_run_id, done)  # the job's log and status, in the task's log
+    assert "Running stage 'count':" in logs and "> python count.py" in logs and done in logs
+
+
+def test_a_failing_ray_job_fails_the_flow_naming_the_stage(flows_mod, ray_address, tmp_path):
+    repo = make_repo(tmp_path / "toy", BRANCHES_DVC, {"step.py": STEP_PY},
+                     {"prefect": prefect_section(ray_address=ray_address)})
+    state = flows_mod.pipeline(root=str(repo), targets=["broken"], return_state=True)
+    assert state.is_failed()
+    with pytest.raises(flows_mod.PipelineFailed,
+                       match=r"stage\(s\) failed: broken: stage 'broken' failed as a Ray job: Ray job ragteam-broken-"
+                             r"[0-9a-f]{16}-2 on http://127\.0\.0\.1:\d+ ended FAILED: Job entrypoint command "
+                             r"failed with exit code \d+; last log lines: Running stage 'broken': \| > python step.py "
+                             r"broken 0 broken \| broken: failing on attempt 2 \| ERROR: failed to reproduce 'broken'"
+                       ) as err:
+        state.result()
+    assert "attempt 1" not in str(err.value)  # the retry's log only, not the first attempt's
+    assert (repo / "log/broken.attempts").read_text() == "2"  # the retry ran it again: the job's attempt 2
+    assert not (repo / "out/broken.txt").exists()
+
+    address = f"http://127.0.0.1:{free_port()}"  # no cluster there: one error naming the address, nothing run
+    state = flows_mod.pipeline(root=str(repo), targets=["left"], ray_address=address, return_state=True)
+    with pytest.raises(flows_mod.RayJobError, match=f"no Ray job server answers at {address} "):
+        state.result()
+    assert not (repo / "log/left.attempts").exists()

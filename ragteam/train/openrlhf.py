@@ -1,8 +1,9 @@
 """OpenRLHF backend (Ray / DeepSpeed / vLLM GPU cluster): datasets, the reward-function file and the commands.
 
 Nothing here imports OpenRLHF: the orchestrator writes the files and builds the command (v0.10.2+ dotted flags,
-see ../shared/notes/interfaces.md section 1); a dry run prints it, `submit` runs it. The reward file calls the same
-library reward as the TRL backend (`ragteam.rewards.maps` via `openrlhf_answer_rewards`; the query agent's ΔF1
+see ../shared/notes/interfaces.md section 1); a dry run prints it, `submit` runs it on the Ray cluster as a Ray job
+(`ragteam.ray_jobs`, the Jobs REST API: the main environment has no `ray`), waits, and brings its logs back.
+The reward file calls the same library reward as the TRL backend (`ragteam.rewards.maps` via `openrlhf_answer_rewards`; the query agent's ΔF1
 via `openrlhf_query_rewards`, which calls `ragteam.train.maps.query_reward_func` itself).
 
 How OpenRLHF calls `reward_func` (openrlhf/utils/agent.py, SingleTurnAgentExecutor): once per sample, with
@@ -11,10 +12,10 @@ included), `prompts` = the templated prompt text, `labels` = the row's `--data.l
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shlex
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from pydantic import Field
 from ragteam.config import Strict
 from ragteam.eval.metrics import exact_match
 from ragteam.io import atomic_file, write_jsonl
+from ragteam.ray_jobs import RayJobs, submission_id
 from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward
 from ragteam.train.common import GRPOParams, GRPOSample, validate_samples
 from ragteam.train.sft import SFTParams, SFTSample
@@ -54,11 +56,27 @@ class OpenRLHFCluster(Strict):
 @dataclass
 class OpenRLHFJob:
     dataset: Path
-    command: list[str]
+    command: list[str]              # what command.sh holds: `ray job submit ... -- python3 -m ...`, or `deepspeed ...`
+    runtime_env: dict               # the Ray job's runtime env (`runtime_env`)
+    project_dir: str                # the job runs there: the dataset and reward paths are relative to it
+    output_dir: str                 # where OpenRLHF saves the trained model (--ckpt.output_dir)
     reward_file: Path | None = None
 
     def dry_run(self) -> str:
         return shlex.join(self.command)
+
+    @property
+    def entrypoint(self) -> list[str]:
+        """What runs on the cluster: the command after `ray job submit ... --`, or the whole deepspeed command."""
+        if self.command[:3] == ["ray", "job", "submit"]:
+            return self.command[self.command.index("--") + 1:]
+        return self.command
+
+    def submission_id(self, name: str) -> str:
+        """`ragteam-<name>-<hash>` of the entrypoint, the runtime env and the bytes of the dataset and reward file:
+        the same job gets the same id on a rerun (so it is not trained twice), a changed one a new id."""
+        files = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (self.dataset, self.reward_file) if p]
+        return submission_id(f"ragteam-{name}", self.entrypoint, self.runtime_env, self.project_dir, files)
 
 
 # ---- the reward path called from the generated file ------------------------------------------------------------
@@ -371,13 +389,19 @@ def grpo_args(*, model_path: str, dataset: str, reward_file: str, output_dir: st
     return args
 
 
+def runtime_env(cluster: OpenRLHFCluster) -> dict:
+    """The Ray job's runtime env: ragteam on the path (the reward file imports it); Ray must not narrow
+    CUDA_VISIBLE_DEVICES (OpenRLHF places its actors on the GPUs itself)."""
+    return {"env_vars": {"PYTHONPATH": cluster.project_dir, "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+                         "OMP_WAIT_POLICY": "PASSIVE"}}
+
+
 def ray_submit_command(train_args: list[str], cluster: OpenRLHFCluster) -> list[str]:
-    """`ray job submit ... -- python3 -m openrlhf.cli.train_ppo_ray <args>`; the runtime env puts ragteam on
-    the path."""
-    env = {"env_vars": {"PYTHONPATH": cluster.project_dir, "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
-                        "OMP_WAIT_POLICY": "PASSIVE"}}
+    """`ray job submit ... -- python3 -m openrlhf.cli.train_ppo_ray <args>` (command.sh; `submit` sends the same
+    entrypoint and runtime env through the Jobs API)."""
     return ["ray", "job", "submit", "--address", cluster.ray_address, "--runtime-env-json",
-            json.dumps(env, sort_keys=True), "--", "python3", "-m", "openrlhf.cli.train_ppo_ray", *train_args]
+            json.dumps(runtime_env(cluster), sort_keys=True), "--", "python3", "-m", "openrlhf.cli.train_ppo_ray",
+            *train_args]
 
 
 def sft_command(*, model_path: str, dataset: str, output_dir: str, ckpt_path: str, params: SFTParams,
@@ -418,7 +442,8 @@ def prepare_answer_grpo_job(samples: Sequence[GRPOSample | dict], job_dir: str |
     args = grpo_args(model_path=model_path, dataset=str(dataset), reward_file=str(reward_file),
                      output_dir=output_dir, ckpt_path=str(job_dir / "ckpt"), params=params, cluster=cluster,
                      n_prompts=n)
-    job = OpenRLHFJob(dataset=dataset, reward_file=reward_file, command=ray_submit_command(args, cluster))
+    job = OpenRLHFJob(dataset=dataset, reward_file=reward_file, command=ray_submit_command(args, cluster),
+                      runtime_env=runtime_env(cluster), project_dir=cluster.project_dir, output_dir=output_dir)
     with atomic_file(job_dir / "command.sh") as f:
         f.write("#!/bin/sh\n" + job.dry_run() + "\n")
     return job
@@ -435,8 +460,8 @@ def prepare_query_grpo_job(samples: Sequence[GRPOSample | dict], job_dir: str | 
 
     The reward process loads the frozen answer agent `answer_model` (greedy, `engine_backend`) and the retriever
     `retriever` (paths valid on the cluster) once, on its first call. NOT EXECUTED HERE: this repository's
-    machine has no GPU and no Ray cluster; only the files, the command and the reward file's scoring (with a
-    scripted answer agent) are tested.
+    machine has no GPU and no OpenRLHF; the files, the command and the reward file's scoring (with a scripted
+    answer agent) are tested, and the answer agent's job is submitted to a local Ray cluster (tests/test_ray_jobs.py).
     """
     job_dir = Path(job_dir)
     dataset = job_dir / "prompts.jsonl"
@@ -449,7 +474,8 @@ def prepare_query_grpo_job(samples: Sequence[GRPOSample | dict], job_dir: str | 
     args = grpo_args(model_path=model_path, dataset=str(dataset), reward_file=str(reward_file),
                      output_dir=output_dir, ckpt_path=str(job_dir / "ckpt"), params=params, cluster=cluster,
                      n_prompts=n)
-    job = OpenRLHFJob(dataset=dataset, reward_file=reward_file, command=ray_submit_command(args, cluster))
+    job = OpenRLHFJob(dataset=dataset, reward_file=reward_file, command=ray_submit_command(args, cluster),
+                      runtime_env=runtime_env(cluster), project_dir=cluster.project_dir, output_dir=output_dir)
     with atomic_file(job_dir / "command.sh") as f:
         f.write("#!/bin/sh\n" + job.dry_run() + "\n")
     return job
@@ -463,16 +489,34 @@ def prepare_sft_job(samples: Sequence[SFTSample | dict], job_dir: str | Path, *,
     write_sft_dataset(dataset, samples)
     job = OpenRLHFJob(dataset=dataset, command=sft_command(model_path=model_path, dataset=str(dataset),
                                                            output_dir=output_dir, ckpt_path=str(job_dir / "ckpt"),
-                                                           params=params, cluster=cluster))
+                                                           params=params, cluster=cluster),
+                      runtime_env=runtime_env(cluster), project_dir=cluster.project_dir, output_dir=output_dir)
     with atomic_file(job_dir / "command.sh") as f:
         f.write("#!/bin/sh\n" + job.dry_run() + "\n")
     return job
 
 
-def submit(job: OpenRLHFJob, dry_run: bool = True) -> str:
-    """Print (dry run) or run the job's command; returns the command line. Needs the GPU worker environment."""
+def submit(job: OpenRLHFJob, dry_run: bool = True, *, address: str | None = None, name: str = "openrlhf",
+           log=print) -> str:
+    """Print the job's command (dry run), or run it as a Ray job on the cluster at `address` and wait for it: its
+    status changes and logs go to `log`; a FAILED/STOPPED job raises `RayJobFailed` (status message, log tail), an
+    unreachable address `RayUnreachable`. Returns the command line.
+
+    The job's id is `job.submission_id(name)`: a rerun of the same job finds it; one that SUCCEEDED is not trained
+    again while its `output_dir` exists (DVC deletes a stage's outs before rerunning it: then it is run again),
+    one still running is waited on.
+    The entrypoint runs in `job.project_dir` (the checkout on the cluster's shared filesystem).
+    """
     line = job.dry_run()
     print(line)
-    if not dry_run:
-        subprocess.run(job.command, check=True)
+    if dry_run:
+        return line
+    if not address:
+        raise ValueError("submit(dry_run=False) needs the Ray job server's address (openrlhf.ray_address)")
+    out = Path(job.project_dir) / job.output_dir
+    with RayJobs(address) as ray:
+        ray.run_job(f"cd {shlex.quote(job.project_dir)} && {shlex.join(job.entrypoint)}",
+                    submission_id=job.submission_id(name), runtime_env=job.runtime_env,
+                    metadata={"ragteam_job": name}, log=log,
+                    rerun_reason=None if out.exists() else f"its output {out} is gone")
     return line
