@@ -108,7 +108,8 @@ class RayEngines:
         binds = (core_sets(opts.engines, opts.threads_per_engine, sorted(os.sched_getaffinity(0)))
                  if not cuda and opts.address is None else [None] * opts.engines)
         actor_cls = ray.remote(_EngineActor)
-        cfg_json = cfg.model_dump_json()
+        # the engine settings only (a stage hands over its LLMConfig, whose roles and sampling the actors don't need)
+        cfg_json = EngineConfig.model_validate(cfg.model_dump(include=set(EngineConfig.model_fields))).model_dump_json()
         self._actors = []
         for i, cores in enumerate(binds):
             env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
@@ -142,8 +143,11 @@ class RayEngines:
         try:
             return ray.get(refs)
         except ray.exceptions.RayActorError as e:
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            cause = lines[-1] if lines else type(e).__name__      # the creation task's exception, when it was that
             raise EngineDead(f"a Ray actor of the vLLM engines on {self.model_path} has died during {what} "
-                             f"({type(e).__name__}); the engines cannot be used again: restart the stage") from e
+                             f"({type(e).__name__}: {cause[:300]}); the engines cannot be used again: restart the "
+                             "stage") from e
         except ray.exceptions.RayTaskError as e:
             cause = e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
             inner = getattr(e, "cause", None)

@@ -36,9 +36,13 @@ def ray_engines(smollm2_dir):
 
     assert not ray.is_initialized()
     temp = tempfile.mkdtemp(prefix="rt-ray-")
+    from ragteam.llm import LLMConfig
+
     base = engine_config()
     ray_opts = base.vllm.ray.model_copy(update={"engines": 2, "threads_per_engine": 1, "temp_dir": temp})
-    cfg = base.model_copy(update={"vllm": base.vllm.model_copy(update={"ray": ray_opts})})
+    # a stage's LLMConfig, roles and all, as evaluate's EnginePool hands it over (the actors take its engine part)
+    cfg = LLMConfig(**base.model_dump(), sampling={"default": {"max_new_tokens": 8}})
+    cfg = cfg.model_copy(update={"vllm": base.vllm.model_copy(update={"ray": ray_opts})})
     t0 = time.perf_counter()
     engines = RayEngines(str(smollm2_dir), cfg, max_lora_rank=LORA_RANK)
     print(f"2 Ray engines started in {time.perf_counter() - t0:.1f} s")
