@@ -38,7 +38,7 @@ def run(tp: TrainAnswerParams, llm: LLMConfig, maps_cfg: MapsConfig, orl: OpenRL
               "passage_words": maps_cfg.passage_words}
     if tp.backend == "openrlhf":
         return run_openrlhf_backend(tp, llm, s1, s2, orl)
-    result, curve = train_answer_agent(s1, s2, llm.model, CHECKPOINTS / STAGE, tp)
+    result, curve = train_answer_agent(s1, s2, llm.model, CHECKPOINTS / STAGE, tp, engine_cfg=llm)
     # the card and metrics describe both stages: steps and seconds of stage 1 + stage 2
     st1 = result.extra["stage1"]
     result.seconds += st1["seconds"]      # this session's wall time (train time comes from the logged steps)
@@ -87,11 +87,12 @@ def run_openrlhf_backend(tp: TrainAnswerParams, llm: LLMConfig, s1, s2, orl: Ope
 def from_params(params: dict) -> dict:
     tp = parse_section(params, STAGE, TrainAnswerParams)
     orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
-    return run(tp, parse_section(params, "llm", LLMConfig), parse_section(params, "maps", MapsConfig), orl)
+    return run(tp, parse_section(params, "llm", LLMConfig).for_stage(STAGE), parse_section(params, "maps", MapsConfig),
+               orl)
 
 
 def main() -> None:
-    stage_main(STAGE, AGENT, from_params)
+    stage_main(STAGE, AGENT, from_params, engines=True)   # rollout_backend: vllm runs it in the worker env
 
 
 if __name__ == "__main__":

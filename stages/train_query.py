@@ -43,7 +43,7 @@ def run(tp: TrainQueryParams, llm: LLMConfig, maps_cfg: MapsConfig, retriever_pa
     result = train_grpo(samples, llm.model, str(CHECKPOINTS / STAGE), tp.grpo, query_reward_func(pairs),
                         run_tag={"reward": "Eq. 7 delta F1", "answer_agent": _identity(ANSWER_AGENT),
                                  "retriever": retriever_path, "top_k": maps_cfg.top_k,
-                                 "passage_words": maps_cfg.passage_words})
+                                 "passage_words": maps_cfg.passage_words}, engine_cfg=llm)
     curve = curve_rows(result.log_history)
     extra = {"samples": len(samples), **{f"{col}_rate": _mean_over_steps(curve, col) for col in
                                          ("delta_f1_zero", "delta_f1_positive", "query_malformed",

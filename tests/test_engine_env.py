@@ -36,6 +36,12 @@ def test_the_params_that_need_vllm_are_named():
     joint["joint"]["ppo"]["rollout_backend"] = "live"
     joint["joint"]["decor"] = {"ppo": {"rollout_backend": "vllm"}}
     assert vllm_reasons(joint, "train_joint_decor", "decor") == ["joint.decor.ppo.rollout_backend: vllm"]
+    # a GRPO run's groups sampled by vLLM: its own section names it, wherever it sits
+    grpo = {"llm": {"backend": "hf"}, "train_answer": {"stage1": {"rollout_backend": "live"},
+                                                       "stage2": {"rollout_backend": "vllm"}},
+            "train_query": {"grpo": {"rollout_backend": "live"}}}
+    assert vllm_reasons(grpo, "train_answer") == ["train_answer.stage2.rollout_backend: vllm"]
+    assert vllm_reasons(grpo, "train_query") == []
 
 
 def test_a_stage_gets_the_engine_llm_stages_names_for_it():

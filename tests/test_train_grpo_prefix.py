@@ -153,3 +153,103 @@ def test_sft_fingerprint_covers_the_optimiser_batch_not_its_split():
     assert model_params(same) == model_params(base) and model_params(base)["effective_batch"] == 4
     assert model_params(base.model_copy(update={"grad_accum": 2})) != model_params(base)
     assert model_params(base.model_copy(update={"max_length": 128})) != model_params(base)
+
+
+class _PolicyAsEngine:
+    """A PolicyEngine (ragteam.llm.policy) that samples with the trainer's own synced policy, in this environment:
+    the trainer's engine path (sync, seeded groups, the greedy completion, ids and log-probs handed back, close)
+    runs without vLLM. `shift_prompt`: tokenise prompts differently from the trainer (a broken engine)."""
+
+    def __init__(self, model_path, shift_prompt=False):
+        from transformers import AutoTokenizer
+
+        self.model_path, self.tok, self.shift = model_path, AutoTokenizer.from_pretrained(model_path), shift_prompt
+        self.policy, self.syncs, self.calls, self.closed = None, 0, [], False
+
+    def sync(self, policy):
+        self.policy, self.syncs = policy, self.syncs + 1
+
+    def generate(self, prompts, sampling):
+        import torch
+
+        from ragteam.llm import Completion
+
+        self.calls.append(sampling)
+        torch.manual_seed(sampling.seed or 0)
+        out = []
+        for msgs in prompts:
+            ids = self.tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True)["input_ids"]
+            ids = ids[1:] if self.shift else ids
+            p = torch.tensor(ids)
+            greedy = sampling.temperature == 0
+            comp, mask = _sample_group(self.policy, p, sampling.n, sampling.max_new_tokens,
+                                       1.0 if greedy else sampling.temperature, self.tok.eos_token_id,
+                                       self.tok.eos_token_id, greedy_first=greedy)
+            with torch.no_grad():
+                lp = _group_logps(self.policy, p, comp, 1.0 if greedy else sampling.temperature)
+            out.append([Completion("", len(ids), int(m.sum()), "stop", prompt_ids=tuple(ids),
+                                   token_ids=tuple(c[m].tolist()), logprobs=tuple(lp[j][m].tolist()))
+                        for j, (c, m) in enumerate(zip(comp, mask))])
+        return out
+
+    def close(self):
+        self.closed = True
+
+
+def _engine_params(**kw):
+    return GRPOParams(steps=2, prompts_per_step=2, num_generations=4, micro_batch_size=8, lr=1e-3,
+                      max_completion_length=4, save_steps=1, kl_beta=0.05, trainer="shared_prefix",
+                      rollout_backend="vllm", greedy_in_group=True, **kw)
+
+
+def test_engine_rollouts_sync_each_step_score_the_engines_ids_and_close_the_engine(tiny, tmp_path, monkeypatch):
+    import ragteam.llm.policy as policy_mod
+    from ragteam.llm import EngineConfig
+
+    path, _ = tiny
+    engine = _PolicyAsEngine(str(path))
+    made = []
+    monkeypatch.setattr(policy_mod, "policy_engine",
+                        lambda backend, policy, tok, model_path, cfg, workdir: made.append((backend, cfg)) or engine)
+    reward = answer_reward_func(AnswerReward("stage1", 0.5, 2))
+    with pytest.raises(ValueError, match="engine settings"):
+        train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "no_cfg"), _engine_params(), reward)
+    res = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), _engine_params(rollout_is_cap=2.0),
+                                   reward, engine_cfg=EngineConfig(backend="hf", threads=1))
+    assert made[-1][0] == "vllm" and made[-1][1].backend == "vllm"   # the engine is vLLM whatever llm.backend says
+    assert engine.syncs == 2 and engine.closed                      # the policy handed over before every step
+    # per step: the sampled call (G - 1 samples, seeded per step) and the greedy one (completion 0 of each group)
+    sampled = [c for c in engine.calls if c.temperature > 0]
+    assert [c.n for c in sampled] == [3, 3] and len({c.seed for c in sampled}) == 2
+    assert [c.n for c in engine.calls if c.temperature == 0] == [1, 1]
+    for h in res.log_history:         # the trainer's recomputed log-probs of the engine's ids are the engine's own
+        assert h["engine_logp_abs_diff"] < 1e-4 and h["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert {"reward", "loss", "kl", "grad_norm"} <= set(h)
+    # a finished run resumes as a no-op and starts no engine
+    made.clear()
+    again = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), _engine_params(rollout_is_cap=2.0),
+                                     reward, engine_cfg=EngineConfig(threads=1))
+    assert again.resumed_from == 2 and made == []
+
+
+def test_an_engine_that_tokenises_the_prompt_otherwise_fails_the_step_and_is_closed(tiny, tmp_path, monkeypatch):
+    import ragteam.llm.policy as policy_mod
+    from ragteam.llm import EngineConfig
+
+    path, _ = tiny
+    engine = _PolicyAsEngine(str(path), shift_prompt=True)
+    monkeypatch.setattr(policy_mod, "policy_engine", lambda *a, **k: engine)
+    with pytest.raises(RuntimeError, match="tokenised"):
+        train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), _engine_params(),
+                                 answer_reward_func(AnswerReward("stage1", 0.5, 2)),
+                                 engine_cfg=EngineConfig(threads=1))
+    assert engine.closed
+
+
+def test_engine_rollout_params_are_checked():
+    with pytest.raises(ValueError, match="shared_prefix"):
+        GRPOParams(steps=1, prompts_per_step=1, num_generations=2, micro_batch_size=2, lr=1e-3,
+                   max_completion_length=4, save_steps=1, rollout_backend="vllm")
+    with pytest.raises(ValueError, match="rollout_is_cap"):
+        GRPOParams(steps=1, prompts_per_step=1, num_generations=2, micro_batch_size=2, lr=1e-3,
+                   max_completion_length=4, save_steps=1, trainer="shared_prefix", rollout_is_cap=2.0)

@@ -12,8 +12,9 @@ _REEXEC_MARK = "RAGTEAM_IN_WORKER_ENV"
 
 def vllm_reasons(params: dict[str, Any], stage: str, system: str | None = None) -> list[str]:
     """The params that make `stage` need vLLM: its engine (`llm.stages.<stage>`, else `llm.backend`; see
-    `ragteam.llm.stage_backend`), and for a joint training stage (`system`) a `rollout_backend: vllm` in joint.ppo
-    or joint.<system>.ppo. [] = the stage runs where it is."""
+    `ragteam.llm.stage_backend`), a `rollout_backend: vllm` anywhere in the stage's own section (the GRPO runs of
+    train_answer and train_query), and for a joint training stage (`system`) one in joint.ppo or joint.<system>.ppo.
+    [] = the stage runs where it is."""
     from ragteam.llm import stage_backend
 
     llm = params.get("llm") or {}
@@ -23,6 +24,8 @@ def vllm_reasons(params: dict[str, Any], stage: str, system: str | None = None) 
         family = stage.rsplit("_", 1)[0] if stage.startswith("train_joint_") else None
         key = stage if stage in stages else family if family in stages else None
         reasons.append(f"llm.stages.{key}: vllm" if key else "llm.backend: vllm")
+    # a GRPO trainer's groups sampled by vLLM (train_answer.stage1 / stage2, train_query.grpo)
+    reasons += [f"{path}.rollout_backend: vllm" for path in _vllm_rollouts(params.get(stage), stage)]
     if system is not None:
         joint = params.get("joint") or {}
         own = ((joint.get(system) or {}).get("ppo") or {}).get("rollout_backend")
@@ -31,6 +34,14 @@ def vllm_reasons(params: dict[str, Any], stage: str, system: str | None = None) 
             where = f"joint.{system}.ppo" if own else "joint.ppo"
             reasons.append(f"{where}.rollout_backend: vllm")
     return reasons
+
+
+def _vllm_rollouts(section: Any, path: str) -> list[str]:
+    """Dotted paths under `path` of the sections in `section` that set `rollout_backend: vllm`."""
+    if not isinstance(section, dict):
+        return []
+    own = [path] if section.get("rollout_backend") == "vllm" else []
+    return own + [p for k, v in section.items() for p in _vllm_rollouts(v, f"{path}.{k}")]
 
 
 def ensure_engine_environment(stage: str, params: dict[str, Any], system: str | None = None) -> None:

@@ -54,6 +54,13 @@ class GRPOParams(Strict):
     # stub can be the policy's mode while the sampler rarely draws it (issue 27: experiments/answer_silence.md);
     # scored in every group, it is penalised until it is no longer the mode. Not in the paper (False there)
     greedy_in_group: bool = False
+    # shared_prefix: where the groups are sampled. live: by the model being trained (the prompt's KV repeated G
+    # times); vllm: by a vLLM engine that gets the policy's LoRA adapter or weights before every step
+    # (ragteam.llm.policy; the stage then runs in the worker environment). The loss scores the engine's token ids
+    rollout_backend: Literal["live", "vllm"] = "live"
+    # vllm rollouts: truncated importance sampling of the engine's samples, w_t = min(π_θ / π_engine, cap)
+    # (pg.truncated_is_weights); None: no correction (the engine's fp32 log-probs match the trainer's to ~1e-6)
+    rollout_is_cap: float | None = Field(None, gt=0)
     lora: LoraParams = LoraParams()
 
     @model_validator(mode="after")
@@ -65,6 +72,11 @@ class GRPOParams(Strict):
         if self.greedy_in_group and self.trainer != "shared_prefix":
             raise ValueError("greedy_in_group needs trainer: shared_prefix (TRL's GRPOTrainer samples every "
                              "completion)")
+        if self.rollout_backend == "vllm" and self.trainer != "shared_prefix":
+            raise ValueError("rollout_backend: vllm needs trainer: shared_prefix (TRL's GRPOTrainer has its own "
+                             "use_vllm, GPU only)")
+        if self.rollout_is_cap is not None and self.rollout_backend != "vllm":
+            raise ValueError("rollout_is_cap corrects a rollout engine's samples: it needs rollout_backend: vllm")
         return self
 
 

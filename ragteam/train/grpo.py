@@ -87,18 +87,20 @@ def train_grpo(
     *,
     run_tag: dict[str, Any] | None = None,
     callbacks: list | None = None,
+    engine_cfg=None,
 ) -> TrainResult:
     """Run GRPO on `samples` from `model_path`, checkpointing under `ckpt_dir` and resuming from its last checkpoint.
 
     `run_tag` (e.g. reward name, α, l) goes into the checkpoint fingerprint with the params, data and base model,
     so changing any of them restarts rather than resumes. Extra dataset columns reach the reward as kwargs.
-    `params.trainer == "shared_prefix"` runs the same GRPO in `ragteam.train.grpo_prefix` instead of TRL.
+    `params.trainer == "shared_prefix"` runs the same GRPO in `ragteam.train.grpo_prefix` instead of TRL, its
+    groups sampled by the policy or (`rollout_backend: vllm`) by a vLLM engine started with `engine_cfg`.
     """
     if params.trainer == "shared_prefix":
         from ragteam.train.grpo_prefix import train_grpo_shared_prefix
 
         return train_grpo_shared_prefix(samples, model_path, ckpt_dir, params, reward_funcs, run_tag=run_tag,
-                                        callbacks=callbacks)
+                                        callbacks=callbacks, engine_cfg=engine_cfg)
     from datasets import Dataset
     from trl import GRPOTrainer
 

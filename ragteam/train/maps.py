@@ -48,7 +48,7 @@ class AnswerAgentParams(Strict):
 
 def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRPOSample | dict], model_path: str,
                        work_dir: str | Path, params: AnswerAgentParams,
-                       callbacks: list | None = None) -> tuple[TrainResult, list[dict]]:
+                       callbacks: list | None = None, engine_cfg=None) -> tuple[TrainResult, list[dict]]:
     """Stage 1 (Eq. 4) then stage 2 (Eq. 5) from the stage-1 model; returns the final result and the curve rows.
 
     `work_dir` keeps both stages' checkpoints and the stage-1 model; it must not be a DVC out (DVC deletes outs
@@ -64,7 +64,8 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     r1 = train_grpo(stage1, model_path, str(work / "stage1"), params.stage1,
                     answer_reward_func(params.reward("stage1"),
                                        params.stage1.max_completion_length if params.clipped_is_long else None, eos),
-                    run_tag={**tag, "reward": eq[params.stage1_reward]}, callbacks=callbacks)
+                    run_tag={**tag, "reward": eq[params.stage1_reward]}, callbacks=callbacks,
+                    engine_cfg=engine_cfg)
     stage1_model = save_agent(r1, work / "stage1_model")
     rows = curve_rows(r1.log_history, stage="stage1")
     summary1 = {"global_step": r1.global_step, "seconds": r1.seconds, "resumed_from": r1.resumed_from,
@@ -74,7 +75,7 @@ def train_answer_agent(stage1: Sequence[GRPOSample | dict], stage2: Sequence[GRP
     r2 = train_grpo(stage2, str(stage1_model), str(work / "stage2"), params.stage2,
                     answer_reward_func(params.reward("stage2"),
                                        params.stage2.max_completion_length if params.clipped_is_long else None, eos),
-                    run_tag={**tag, "reward": "Eq. 5"}, callbacks=callbacks)
+                    run_tag={**tag, "reward": "Eq. 5"}, callbacks=callbacks, engine_cfg=engine_cfg)
     rows += curve_rows(r2.log_history, step_offset=params.stage1.steps, stage="stage2")
     r2.extra["stage1"] = summary1
     return r2, rows
