@@ -92,3 +92,42 @@ def test_an_uncaught_exception_closes_the_engines_before_the_process_waits_for_t
         for p in mine:
             if p.is_running():
                 p.kill()
+
+
+@pytest.mark.timeout(300)
+def test_a_terminated_stage_closes_its_engines_instead_of_leaving_them_running(smollm2_dir, tmp_path):
+    """SIGTERM (a cancelled Prefect run, `kill`) to a stage in the worker environment: it exits 143 and its engine's
+    processes go with it; before, the stage died at once and its engine kept two cores busy."""
+    import subprocess
+    import sys
+
+    (tmp_path / "hold_engine.py").write_text(
+        "import time\n"
+        "from vllm_helpers import engine_config\n"
+        "from ragteam.llm.vllm_backend import VLLMEngine\n"
+        "if __name__ == '__main__':\n"      # as a stage module: vLLM's engine process re-imports the main module
+        f"    VLLMEngine({str(smollm2_dir)!r}, engine_config())\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(600)\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), here, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "ragteam.llm.worker_main", "hold_engine"], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    engine: list = []
+    try:
+        for line in proc.stdout:          # vLLM logs to stdout too
+            if line.strip() == "ready":
+                break
+        assert proc.poll() is None, "the stage ended before its engine was up"
+        engine = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                  if "resource_tracker" not in " ".join(p.cmdline())]
+        assert engine
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(engine, timeout=60)
+        assert not alive, [(p.pid, p.name()) for p in alive]
+    finally:
+        proc.kill()
+        for p in engine:
+            if p.is_running():
+                p.kill()
