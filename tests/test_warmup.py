@@ -253,3 +253,31 @@ def test_a_rerun_of_a_warmup_that_stopped_at_the_threshold_loads_it_and_trains_n
     for k, v in again.model.named_parameters():
         if "lora" in k:
             assert torch.equal(v, weights[k]), k
+
+
+def test_a_full_checkpoint_loads_only_when_it_fits_the_model(tiny_llama, tmp_path):
+    """A full-weight warm-up checkpoint is reloaded with its weights, and one holding a key the model lacks, or
+    lacking one it needs (other than a tied output layer), is an error naming the checkpoint, not a silent skip."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from ragteam.warmup.sft import load_checkpoint
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    tied = model.config.tie_word_embeddings
+    sd = {k: v.clone().contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    sd["model.norm.weight"] += 1.0
+
+    def ckpt(name, weights):
+        (tmp_path / name).mkdir()
+        save_file(weights, str(tmp_path / name / "model.safetensors"))
+        return tmp_path / name
+
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    load_checkpoint(fresh, ckpt("ok", sd))
+    assert torch.equal(fresh.state_dict()["model.norm.weight"], sd["model.norm.weight"])
+    with pytest.raises(ValueError, match="unexpected.*extra.weight"):
+        load_checkpoint(fresh, ckpt("extra", {**sd, "extra.weight": torch.zeros(2)}))
+    with pytest.raises(ValueError, match="missing.*model.norm.weight"):
+        load_checkpoint(fresh, ckpt("short", {k: v for k, v in sd.items() if k != "model.norm.weight"}))

@@ -9,7 +9,8 @@ policy samples (`ragteam.llm.policy.Rollouts` refuses a regex on a trained role)
 
 Each regex is the layout the role's parser reads (`ragteam.agents.<system>.parse_*`), the layout the oracle traces
 write (`ragteam.warmup.oracle`; tests/test_oracle.py checks every oracle output of the default pool matches its
-role's regex and that the parsers accept what the regexes generate). Free text is bounded so that a constrained
+role's regex, tests/test_grammars.py that hand-picked outputs a regex admits parse and those it refuses do not, and
+tests/worker that the base model's guided outputs parse; no test enumerates a regex's whole language). Free text is bounded so that a constrained
 completion fits its role's token budget: where the budget ends first the completion is cut and still fails its
 parser, as an unconstrained one would. What a regex cannot say is left to the parsers: numbers that depend on the
 state (M-ASK's step index, JADE's document ids in range), the words of a query.

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from ragteam.llm import Completion, EngineConfig, EngineDead, Messages, SamplingConfig
-from ragteam.llm.vllm_backend import _LIVE, check_adapter_dir, check_weights_dir, lora_rank_slot
+from ragteam.llm.vllm_backend import _LIVE, AdapterSwitch, check_adapter_dir, check_weights_dir, lora_rank_slot
 
 _STARTED_HERE: dict[str, int] = {"open": 0}   # engine sets using the local cluster this process started
 
@@ -73,7 +71,7 @@ def core_sets(engines: int, threads: int | None, cores: list[int]) -> list[list[
     return [[cores[(i * per + k) % len(cores)] for k in range(per)] for i in range(engines)]
 
 
-class RayEngines:
+class RayEngines(AdapterSwitch):
     """`cfg.vllm.ray.engines` vLLM engines on `model_path`, each a Ray actor, behind the Engine interface and the
     weight-sync verbs of `VLLMEngine` (`load_lora`, `unload_lora`, `load_weights`, `adapter_off`, `close`)."""
 
@@ -191,14 +189,6 @@ class RayEngines:
     def load_weights(self, weights_dir: str | Path) -> None:
         d = check_weights_dir(weights_dir)
         self._all("load_weights", str(d.resolve()))
-
-    @contextmanager
-    def adapter_off(self) -> Iterator[None]:
-        saved, self._lora_on = self._lora_on, False
-        try:
-            yield
-        finally:
-            self._lora_on = saved
 
     def close(self) -> None:
         """Stop every engine and its actor; the local cluster this process started stops with the last set."""

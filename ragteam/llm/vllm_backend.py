@@ -165,7 +165,22 @@ def _cpu_env_defaults() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 
-class VLLMEngine:
+class AdapterSwitch:
+    """`adapter_off()` for an engine that applies its loaded LoRA adapter while `_lora_on` (VLLMEngine, RayEngines)."""
+
+    _lora_on: bool = True
+
+    @contextmanager
+    def adapter_off(self) -> Iterator[None]:
+        """Generate without the LoRA adapter (the base model) for the duration."""
+        saved, self._lora_on = self._lora_on, False
+        try:
+            yield
+        finally:
+            self._lora_on = saved
+
+
+class VLLMEngine(AdapterSwitch):
     def __init__(self, model_path: str, cfg: EngineConfig, max_lora_rank: int | None = None):
         """`max_lora_rank` (a trainer's rollouts): enable LoRA adapters; `load_lora` then swaps the policy in."""
         try:
@@ -232,15 +247,6 @@ class VLLMEngine:
                           kwargs=dict(weights_path=str(d.resolve()), is_checkpoint_format=True))
         self._engine_call(self.llm.collective_rpc, _retie_output_embeddings)
         self.llm.reset_prefix_cache()
-
-    @contextmanager
-    def adapter_off(self) -> Iterator[None]:
-        """Generate without the LoRA adapter (the base model) for the duration."""
-        saved, self._lora_on = self._lora_on, False
-        try:
-            yield
-        finally:
-            self._lora_on = saved
 
     def close(self) -> None:
         """Stop the engine's processes now (they would otherwise live until this object is collected)."""

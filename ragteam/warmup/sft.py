@@ -207,7 +207,13 @@ def load_checkpoint(model, checkpoint: str | Path) -> None:
         if getattr(result, "unexpected_keys", None):
             raise ValueError(f"{ckpt}: adapter weights that the model lacks: {result.unexpected_keys[:3]}")
     else:
-        model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+        # a tied output layer is saved once, as the input embeddings: the only key the checkpoint may lack
+        result = model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        missing = [k for k in result.missing_keys if k not in tied]
+        if result.unexpected_keys or missing:
+            raise ValueError(f"{ckpt}: weights that do not fit the model: unexpected {result.unexpected_keys[:3]}, "
+                             f"missing {missing[:3]}")
 
 
 # ---- train ----------------------------------------------------------------------------------------------------------
