@@ -14,7 +14,8 @@ train_answer variant writes (later train_answer variants write it again: train_q
     python -m benchmarks.train_stages --workspace /tmp/bench \
         --variant train_answer:live --variant 'train_answer:vllm:train_answer.stage1.rollout_backend=vllm,train_answer.stage2.rollout_backend=vllm' ...
 
-A variant is `<stage>:<name>[:<key>=<value>,...]` (dotted params keys, YAML values). Writes
+A variant is `<stage>:<name>[:<key>=<value>,...]` (dotted params keys, YAML values); a foreach stage is named as
+DVC names it (`train_joint@mask`, whose warm-up model `models/warmup/mask` must be there too). Writes
 benchmarks/results/<name>.json and .md (`--name`, default train_stages).
 """
 from __future__ import annotations
@@ -68,20 +69,27 @@ def load_avg() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def stage_command(stage: str) -> tuple[list[str], str]:
+    """`train_answer` -> (module and args, the stage's metrics/checkpoint name); a foreach stage as DVC names it:
+    `train_joint@mask` -> (`stages.train_joint mask`, `train_joint_mask`)."""
+    module, _, item = stage.partition("@")
+    return ["-m", f"stages.{module}", *([item] if item else [])], f"{module}_{item}" if item else module
+
+
 def run_variant(ws: Path, stage: str, name: str, overrides: dict, base: dict) -> dict:
     (ws / "params.yaml").write_text(yaml.safe_dump(apply(base, overrides), sort_keys=False))
-    shutil.rmtree(ws / "checkpoints" / stage, ignore_errors=True)
+    args, out_name = stage_command(stage)
+    shutil.rmtree(ws / "checkpoints" / out_name, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(ws), "OMP_WAIT_POLICY": "PASSIVE",
            "RAGTEAM_WORKER_PYTHON": str(REPO / ".venv-worker" / "bin" / "python")}
-    log = ws / f"{stage}.{name}.log"
+    log = ws / f"{out_name}.{name}.log"
     before, t0 = load_avg(), time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, "-m", f"stages.{stage}"], cwd=ws, env=env, stdout=f,
-                            stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run([sys.executable, *args], cwd=ws, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     wall = round(time.perf_counter() - t0, 1)
     if rc != 0:
         raise SystemExit(f"{stage} ({name}) failed with exit {rc}: see {log}")
-    metrics = json.loads((ws / "metrics" / f"{stage}.json").read_text())
+    metrics = json.loads((ws / "metrics" / f"{out_name}.json").read_text())
     print(f"{stage} {name}: {wall} s", flush=True)
     return {"stage": stage, "variant": name, "overrides": overrides, "wall_seconds": wall,
             "load_before": before, "load_after": load_avg(),
@@ -116,9 +124,14 @@ def main(argv: list[str] | None = None) -> None:
     for d in ("ragteam", "stages"):
         shutil.rmtree(ws / d, ignore_errors=True)
         shutil.copytree(REPO / d, ws / d, ignore=shutil.ignore_patterns("__pycache__"))
-    base = yaml.safe_load((REPO / "params.yaml").read_text())
-    results = [run_variant(ws, stage, name, ov, base) for stage, name, ov in variants]
-    (ws / "params.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
+    text = (REPO / "params.yaml").read_text()
+    base = yaml.safe_load(text)
+    own = ws / "params.yaml"
+    kept = own.read_text() if own.is_file() else None
+    try:
+        results = [run_variant(ws, stage, name, ov, base) for stage, name, ov in variants]
+    finally:                              # the workspace's own params.yaml back, comments and all
+        own.write_text(kept if kept is not None else text)
     out = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "results": results}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.name}.json").write_text(json.dumps(out, indent=1) + "\n")
