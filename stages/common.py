@@ -165,12 +165,13 @@ class Timer:
         return round(time.perf_counter() - self.t0, 1)
 
 
-def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str, Any]], *, engines: bool = False,
-               system: str | None = None) -> None:
+def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str, Any]], *,
+               engines: bool | Literal["rollouts"] = False, system: str | None = None) -> None:
     """Entry point of a training stage: `body(params)` trains and returns the metrics, written to metrics/<stage>.json
     with the environment that ran it (`environment`: main or worker, Python and the engine packages' versions).
 
-    `engines`: the stage samples from LLM engines (`llm.backend`; a joint `system`'s rollout_backend), so params
+    `engines`: the stage samples from LLM engines (`llm.backend`; a joint `system`'s rollout_backend; "rollouts": only
+    its GRPO rollouts', `rollout_backend`, so `llm.backend` alone does not move it), so params
     that ask for vLLM run it in the worker environment (`ensure_engine_environment`). Bad params or data end the
     process with one line naming the stage, and the agent's previous outs stay as they were (the agent is written
     atomically, last); the metrics file is written only after a successful run.
@@ -178,7 +179,7 @@ def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str
     try:
         params = load_params()
         if engines:
-            ensure_engine_environment(stage, params, system)
+            ensure_engine_environment(stage, params, system, rollouts_only=engines == "rollouts")
         metrics = body(params)
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         sys.exit(f"{stage} FAILED ({AGENTS / agent} left untouched): {e}")

@@ -92,7 +92,7 @@ def from_params(params: dict) -> dict:
 
 
 def main() -> None:
-    stage_main(STAGE, AGENT, from_params, engines=True)   # rollout_backend: vllm runs it in the worker env
+    stage_main(STAGE, AGENT, from_params, engines="rollouts")   # rollout_backend: vllm runs it in the worker env
 
 
 if __name__ == "__main__":

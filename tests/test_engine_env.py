@@ -42,6 +42,11 @@ def test_the_params_that_need_vllm_are_named():
             "train_query": {"grpo": {"rollout_backend": "live"}}}
     assert vllm_reasons(grpo, "train_answer") == ["train_answer.stage2.rollout_backend: vllm"]
     assert vllm_reasons(grpo, "train_query") == []
+    # train_answer's only engine is its rollouts': llm.backend alone does not move it (train_query's answers do)
+    grpo["llm"]["backend"] = "vllm"
+    grpo["train_answer"]["stage2"]["rollout_backend"] = "live"
+    assert vllm_reasons(grpo, "train_answer", rollouts_only=True) == []
+    assert vllm_reasons(grpo, "train_query") == ["llm.backend: vllm"]
 
 
 def test_a_stage_gets_the_engine_llm_stages_names_for_it():

@@ -165,6 +165,8 @@ class _PolicyAsEngine:
 
         self.model_path, self.tok, self.shift = model_path, AutoTokenizer.from_pretrained(model_path), shift_prompt
         self.policy, self.syncs, self.calls, self.closed = None, 0, [], False
+        self.cut = []           # per call: completions that ended at the budget (finish_reason "length")
+        self.short = False      # answer one completion too few (a broken engine)
 
     def sync(self, policy):
         self.policy, self.syncs = policy, self.syncs + 1
@@ -187,9 +189,12 @@ class _PolicyAsEngine:
                                        self.tok.eos_token_id, greedy_first=greedy)
             with torch.no_grad():
                 lp = _group_logps(self.policy, p, comp, 1.0 if greedy else sampling.temperature)
-            out.append([Completion("", len(ids), int(m.sum()), "stop", prompt_ids=tuple(ids),
+            ends = ["length" if int(m.sum()) == sampling.max_new_tokens and int(c[m][-1]) != self.tok.eos_token_id
+                    else "stop" for c, m in zip(comp, mask)]
+            out.append([Completion("", len(ids), int(m.sum()), e, prompt_ids=tuple(ids),
                                    token_ids=tuple(c[m].tolist()), logprobs=tuple(lp[j][m].tolist()))
-                        for j, (c, m) in enumerate(zip(comp, mask))])
+                        for j, (c, m, e) in enumerate(zip(comp, mask, ends))][: sampling.n - self.short])
+            self.cut.append(ends.count("length"))
         return out
 
     def close(self):
@@ -217,6 +222,7 @@ def test_engine_rollouts_sync_each_step_score_the_engines_ids_and_close_the_engi
     res = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), _engine_params(rollout_is_cap=2.0),
                                    reward, engine_cfg=EngineConfig(backend="hf", threads=1))
     assert made[-1][0] == "vllm" and made[-1][1].backend == "vllm"   # the engine is vLLM whatever llm.backend says
+    assert made[-1][1].vllm.gpu_memory_utilization == 0.3   # its share of a GPU beside the trainer (GRPOParams')
     assert engine.syncs == 2 and engine.closed                      # the policy handed over before every step
     # per step: the sampled call (G - 1 samples, seeded per step) and the greedy one (completion 0 of each group)
     sampled = [c for c in engine.calls if c.temperature > 0]
@@ -225,6 +231,9 @@ def test_engine_rollouts_sync_each_step_score_the_engines_ids_and_close_the_engi
     for h in res.log_history:         # the trainer's recomputed log-probs of the engine's ids are the engine's own
         assert h["engine_logp_abs_diff"] < 1e-4 and h["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
         assert {"reward", "loss", "kl", "grad_norm"} <= set(h)
+    # clipped: what the engine says it cut (per step: 2 prompts x (the sampled call + the greedy call))
+    cut = [sum(engine.cut[k:k + 4]) for k in (0, 4)]
+    assert [h["completions/clipped_ratio"] for h in res.log_history] == [c / 8 for c in cut]
     # a finished run resumes as a no-op and starts no engine
     made.clear()
     again = train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), _engine_params(rollout_is_cap=2.0),
@@ -253,3 +262,18 @@ def test_engine_rollout_params_are_checked():
     with pytest.raises(ValueError, match="rollout_is_cap"):
         GRPOParams(steps=1, prompts_per_step=1, num_generations=2, micro_batch_size=2, lr=1e-3,
                    max_completion_length=4, save_steps=1, trainer="shared_prefix", rollout_is_cap=2.0)
+
+
+def test_an_engine_that_returns_too_few_completions_fails_the_step(tiny, tmp_path, monkeypatch):
+    import ragteam.llm.policy as policy_mod
+    from ragteam.llm import EngineConfig
+
+    path, _ = tiny
+    engine = _PolicyAsEngine(str(path))
+    engine.short = True
+    monkeypatch.setattr(policy_mod, "policy_engine", lambda *a, **k: engine)
+    with pytest.raises(RuntimeError, match="completions for prompt 0"):
+        train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), _engine_params(),
+                                 answer_reward_func(AnswerReward("stage1", 0.5, 2)),
+                                 engine_cfg=EngineConfig(threads=1))
+    assert engine.closed

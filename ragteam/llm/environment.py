@@ -10,17 +10,19 @@ WORKER_PYTHON = ".venv-worker/bin/python"   # scripts/setup_worker.sh builds it;
 _REEXEC_MARK = "RAGTEAM_IN_WORKER_ENV"
 
 
-def vllm_reasons(params: dict[str, Any], stage: str, system: str | None = None) -> list[str]:
+def vllm_reasons(params: dict[str, Any], stage: str, system: str | None = None, rollouts_only: bool = False
+                 ) -> list[str]:
     """The params that make `stage` need vLLM: its engine (`llm.stages.<stage>`, else `llm.backend`; see
     `ragteam.llm.stage_backend`), a `rollout_backend: vllm` anywhere in the stage's own section (the GRPO runs of
     train_answer and train_query), and for a joint training stage (`system`) one in joint.ppo or joint.<system>.ppo.
+    `rollouts_only`: the stage has no engine but its rollouts' (train_answer), so `llm.backend` does not count.
     [] = the stage runs where it is."""
     from ragteam.llm import stage_backend
 
     llm = params.get("llm") or {}
     stages = llm.get("stages") or {}
     reasons = []
-    if stage_backend(llm.get("backend", "hf"), stages, stage) == "vllm":
+    if not rollouts_only and stage_backend(llm.get("backend", "hf"), stages, stage) == "vllm":
         family = stage.rsplit("_", 1)[0] if stage.startswith("train_joint_") else None
         key = stage if stage in stages else family if family in stages else None
         reasons.append(f"llm.stages.{key}: vllm" if key else "llm.backend: vllm")
@@ -44,7 +46,8 @@ def _vllm_rollouts(section: Any, path: str) -> list[str]:
     return own + [p for k, v in section.items() for p in _vllm_rollouts(v, f"{path}.{k}")]
 
 
-def ensure_engine_environment(stage: str, params: dict[str, Any], system: str | None = None) -> None:
+def ensure_engine_environment(stage: str, params: dict[str, Any], system: str | None = None,
+                              rollouts_only: bool = False) -> None:
     """Run the calling stage in the environment its engines need, so `dvc repro` and the Prefect flow start every
     stage the same way (`python -m stages.<stage>` in the orchestrator environment) whatever the params.
 
@@ -56,7 +59,7 @@ def ensure_engine_environment(stage: str, params: dict[str, Any], system: str | 
     import importlib.util
     import os
 
-    reasons = vllm_reasons(params, stage, system)
+    reasons = vllm_reasons(params, stage, system, rollouts_only)
     if not reasons or importlib.util.find_spec("vllm") is not None:
         return
     py = os.environ.get("RAGTEAM_WORKER_PYTHON") or WORKER_PYTHON

@@ -17,7 +17,8 @@ import sys
 
 
 def _terminated(signum, frame) -> None:
-    raise SystemExit(128 + signum)     # unwinds to main's `finally`, which closes the engines
+    signal.signal(signum, signal.SIG_IGN)   # a second SIGTERM (a process group's, a retry) must not cut the cleanup
+    raise SystemExit(128 + signum)          # unwinds to main's `finally`, which closes the engines
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ class GRPOParams(Strict):
     # group (~7x fewer FLOPs with long RAG prompts and short answers: the CPU default)
     trainer: Literal["trl", "shared_prefix"] = "trl"
     use_vllm: bool = False                            # TRL vLLM colocate (GPU env only)
+    # a vLLM engine sharing the GPU with the trainer: TRL's colocate mode, and the engine of rollout_backend: vllm
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     # shared_prefix: an optimiser step with a NaN/inf gradient is skipped (and counted, `nonfinite_grad_steps`); this
     # many skipped in a row stop the run (TrainingDiverged). TRL's own trainer does not check

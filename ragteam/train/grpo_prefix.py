@@ -65,7 +65,8 @@ def _sample_group(model, prompt_ids, G: int, max_new: int, temperature: float, e
 def _engine_groups(engine, prompts: list, prompt_ids: list, G: int, max_new: int, temperature: float,
                    greedy_first: bool, seed: int, pad_id: int, device):
     """The same groups as `_sample_group`, drawn by a policy engine (`ragteam.llm.policy`) already synced to the
-    policy: per prompt (completion ids (G, L) padded with `pad_id`, mask, the engine's log-probs (G, L)).
+    policy: per prompt (completion ids (G, L) padded with `pad_id`, mask, the engine's log-probs (G, L), how many
+    completions the budget cut).
     `greedy_first`: completion 0 is the engine's greedy one; its log-probs are NaN (the engine's are those of greedy
     decoding, not of the policy at `temperature`: it is scored as the live trainer scores it, uncorrected). The engine's ids run through EOS when it stopped there,
     as `_sample_group`'s mask does. The engine must have tokenised each prompt as the trainer did (its log-probs are
@@ -82,6 +83,9 @@ def _engine_groups(engine, prompts: list, prompt_ids: list, G: int, max_new: int
     out = []
     for k, (g, s) in enumerate(zip(greedy, sampled)):
         comps = [*g, *s]
+        if len(comps) != G:
+            raise RuntimeError(f"rollout engine on {engine.model_path}: {len(comps)} completions for prompt {k} of "
+                               f"the step, {G} asked")
         for c in comps:
             if c.token_ids is None or c.logprobs is None:
                 raise RuntimeError(f"rollout engine on {engine.model_path}: completion without token ids or "
@@ -102,7 +106,9 @@ def _engine_groups(engine, prompts: list, prompt_ids: list, G: int, max_new: int
                 elp[j, :m] = torch.tensor(c.logprobs, dtype=torch.float32)
         if g:   # the greedy completion was not drawn from the policy at `temperature`: no engine log-probs to compare
             elp[0] = float("nan")
-        out.append((comp, mask, elp))
+        # cut by the budget: the engine knows (it also stops on a generation config's other EOS ids)
+        clipped = sum(c.finish_reason == "length" for c in comps)
+        out.append((comp, mask, elp, clipped))
     return out
 
 
@@ -189,8 +195,10 @@ def train_grpo_shared_prefix(
 
         if engine_cfg is None:
             raise ValueError("GRPO rollout_backend: vllm needs the engine settings (engine_cfg: the llm section)")
-        cfg = EngineConfig.model_validate({k: getattr(engine_cfg, k) for k in EngineConfig.model_fields}
-                                          ).model_copy(update={"backend": "vllm"})
+        cfg = EngineConfig.model_validate({k: getattr(engine_cfg, k) for k in EngineConfig.model_fields})
+        # on a GPU the engine shares the device with the policy, its reference and the optimiser: its own share
+        vllm = cfg.vllm.model_copy(update={"gpu_memory_utilization": params.vllm_gpu_memory_utilization})
+        cfg = cfg.model_copy(update={"backend": "vllm", "vllm": vllm})
         engine = policy_engine("vllm", model, tok, model_path, cfg, f"{ckpt_dir}/rollout_sync")
 
     try:
@@ -213,8 +221,9 @@ def train_grpo_shared_prefix(
                 drawn = _engine_groups(engine, [rows[i].prompt for i in idx], [prompt_ids[i] for i in idx], G,
                                        params.max_completion_length, params.temperature, params.greedy_in_group,
                                        call_seed(params.seed, step), pad_id, device)
-                groups = [(i, comp, mask) for i, (comp, mask, _) in zip(idx, drawn)]
-                engine_logps = [elp for _, _, elp in drawn]
+                groups = [(i, comp, mask) for i, (comp, mask, _, _) in zip(idx, drawn)]
+                engine_logps = [elp for _, _, elp, _ in drawn]
+                engine_clipped = sum(c for *_, c in drawn)
             model.train()
 
             # 2. rewards (TRL's keyword protocol), group-normalised advantages A = (r - mean) / std
@@ -249,6 +258,7 @@ def train_grpo_shared_prefix(
                     diffs.append(float(gap.sum() / sampled.sum().clamp(min=1)))
                     if params.rollout_is_cap is not None:
                         isw = truncated_is_weights(logp.detach(), elp, mask.float(), params.rollout_is_cap)
+                        isw = torch.where(known, isw, mask.float())         # the greedy row: weight 1, whatever the cap
                         isw_means.append(float((isw * sampled).sum() / sampled.sum().clamp(min=1)))
                         per_token = per_token * isw
                 if params.kl_beta > 0:
@@ -258,7 +268,8 @@ def train_grpo_shared_prefix(
                                 ref_logp = _group_logps(model, prompt_ids[i], comp, params.temperature)
                         else:
                             ref_logp = _group_logps(ref, prompt_ids[i], comp, params.temperature)
-                    kl = kl_k3(logp, ref_logp)                              # k3 estimator, as TRL
+                    # k3 estimator, as TRL; 0 past a completion's end (exp() of a padded position cannot overflow)
+                    kl = kl_k3(logp, torch.where(mask, ref_logp, logp))
                     per_token = per_token + params.kl_beta * kl
                     kl_sum += float((kl.detach() * mask).sum())
                 loss = (per_token * mask).sum() / n_tokens
@@ -288,7 +299,8 @@ def train_grpo_shared_prefix(
                      "reward": float(r_all.mean()), "reward_std": float(r_all.std()),
                      "frac_reward_zero_std": float(sum(float(r.std()) < 1e-6 for r in rewards) / len(rewards)),
                      "completions/mean_length": n_tokens / (P * G),
-                     "completions/clipped_ratio": sum(int((~(c == eos_id).any(1)).sum()) for _, c, _ in groups) / (P * G),
+                     "completions/clipped_ratio": (engine_clipped if engine_logps is not None else sum(
+                         int((~(c == eos_id).any(1)).sum()) for _, c, _ in groups)) / (P * G),
                      **{k: sum(v) / len(v) for k, v in metrics.items()},
                      "step_time": time.perf_counter() - t0, "step": step}
             if params.kl_beta > 0:
