@@ -241,14 +241,18 @@ def test_engine_rollouts_sync_each_step_score_the_engines_ids_and_close_the_engi
     assert again.resumed_from == 2 and made == []
 
 
-def test_an_engine_that_tokenises_the_prompt_otherwise_fails_the_step_and_is_closed(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("broken,error", [("shift_prompt", "tokenised"), ("short", "completions for prompt 0")])
+def test_a_broken_engine_fails_the_step_naming_why_and_is_closed(tiny, tmp_path, monkeypatch, broken, error):
+    """An engine that tokenised a prompt otherwise, or returned too few completions, stops the run: the loss would
+    score another context, or a row with no completion."""
     import ragteam.llm.policy as policy_mod
     from ragteam.llm import EngineConfig
 
     path, _ = tiny
-    engine = _PolicyAsEngine(str(path), shift_prompt=True)
+    engine = _PolicyAsEngine(str(path), shift_prompt=broken == "shift_prompt")
+    engine.short = broken == "short"
     monkeypatch.setattr(policy_mod, "policy_engine", lambda *a, **k: engine)
-    with pytest.raises(RuntimeError, match="tokenised"):
+    with pytest.raises(RuntimeError, match=error):
         train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), _engine_params(),
                                  answer_reward_func(AnswerReward("stage1", 0.5, 2)),
                                  engine_cfg=EngineConfig(threads=1))
@@ -263,17 +267,3 @@ def test_engine_rollout_params_are_checked():
         GRPOParams(steps=1, prompts_per_step=1, num_generations=2, micro_batch_size=2, lr=1e-3,
                    max_completion_length=4, save_steps=1, trainer="shared_prefix", rollout_is_cap=2.0)
 
-
-def test_an_engine_that_returns_too_few_completions_fails_the_step(tiny, tmp_path, monkeypatch):
-    import ragteam.llm.policy as policy_mod
-    from ragteam.llm import EngineConfig
-
-    path, _ = tiny
-    engine = _PolicyAsEngine(str(path))
-    engine.short = True
-    monkeypatch.setattr(policy_mod, "policy_engine", lambda *a, **k: engine)
-    with pytest.raises(RuntimeError, match="completions for prompt 0"):
-        train_grpo_shared_prefix(SAMPLES, str(path), str(tmp_path / "ck"), _engine_params(),
-                                 answer_reward_func(AnswerReward("stage1", 0.5, 2)),
-                                 engine_cfg=EngineConfig(threads=1))
-    assert engine.closed
