@@ -103,6 +103,8 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
             print(f"evaluate: {name}: EM {a['em']:.2f} F1 {a['f1']:.2f} no answer {a['no_answer']:.1f} % on "
                   f"{len(rows)} questions, "
                   f"{time.perf_counter() - ts:.1f} s, engine calls {team.calls}", flush=True)
+    print(f"evaluate: engines started {engines.started}, reloaded in place {engines.swapped}, closed "
+          f"{engines.closed}", flush=True)
     benches = list(qa)
     cost_png = plot_cost_accuracy(metrics, figures / "eval_cost.png")
     scores_png = plot_scores(metrics, benches, figures / "eval_scores.png")

@@ -63,6 +63,8 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, cfg: EvalAgentsConfig, trained: di
     print(f"evaluate_agents: {summary['avg']['n']} questions, {time.perf_counter() - t0:.1f} s; avg trained - base: "
           + ", ".join(f"{agent} {m} {d['diff']:+.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
                       for agent in cfg.agents for m, d in a[agent]["diff"].items()), flush=True)
+    print(f"evaluate_agents: engines started {engines.started}, reloaded in place {engines.swapped}, closed "
+          f"{engines.closed}", flush=True)
     return summary
 
 

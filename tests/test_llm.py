@@ -163,6 +163,83 @@ def test_a_vllm_pool_keeps_at_most_max_engines_started_closing_the_least_recentl
     assert hf.loaded == ["x", "y", "z"] and hf.closed == 0                     # the cap is vLLM's only
 
 
+def _checkpoint(d, hidden=576, **tokenizer_config):
+    """A checkpoint dir as the trainers save one, without weights: config, generation config, tokenizer files."""
+    import json
+
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+                                               "_name_or_path": str(d), "transformers_version": "5.23.0"}))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "transformers_version": "5.23.0"}))
+    (d / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", **tokenizer_config}))
+    return str(d)
+
+
+def test_swap_blocker_allows_an_in_place_reload_only_for_the_same_network_and_tokenizer(tmp_path):
+    """What a checkpoint's save adds (its own path, the transformers version, use_cache off after gradient
+    checkpointing) does not block; any other config key, a generation default or a tokenizer byte does."""
+    import json
+
+    from ragteam.llm import swap_blocker
+
+    base = _checkpoint(tmp_path / "base")
+    trained = _checkpoint(tmp_path / "trained")
+    cfg = json.loads((tmp_path / "trained" / "config.json").read_text())
+    (tmp_path / "trained" / "config.json").write_text(json.dumps({**cfg, "transformers_version": "5.24.0",
+                                                                   "use_cache": False}))
+    assert swap_blocker(base, trained) is None and swap_blocker(trained, base) is None
+    assert swap_blocker(base, _checkpoint(tmp_path / "wide", hidden=1024)) == "config.json differs"
+    assert swap_blocker(base, _checkpoint(tmp_path / "tmpl", chat_template="{{ x }}")) == "tokenizer_config.json differs"
+    other = _checkpoint(tmp_path / "gen")
+    (tmp_path / "gen" / "generation_config.json").write_text('{"eos_token_id": 3}')
+    assert swap_blocker(base, other) == "generation_config.json differs"
+    extra = _checkpoint(tmp_path / "extra")
+    (tmp_path / "extra" / "chat_template.jinja").write_text("{{ y }}")     # a file only one of them has
+    assert swap_blocker(base, extra) == "chat_template.jinja differs"
+    assert swap_blocker(base, str(tmp_path / "nowhere")) == "no config.json in both"
+    broken = _checkpoint(tmp_path / "broken")
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'broken' / 'config.json'}: not readable JSON"):
+        swap_blocker(base, broken)
+
+
+def test_a_full_vllm_pool_reloads_the_least_recent_engine_in_place_when_the_checkpoints_allow_it(tmp_path):
+    """At max_engines, a compatible checkpoint takes over the least recently used engine (no start, no close); an
+    incompatible one still closes it and starts its own; a reload that fails closes the engine, which serves
+    neither checkpoint, and the error reaches the caller."""
+    base, a, b = (_checkpoint(tmp_path / n) for n in ("base", "a", "b"))
+    wide = _checkpoint(tmp_path / "wide", hidden=1024)
+    loads, closed, served = [], [], []
+
+    class Swappable(_FakeEngine):
+        def serve_checkpoint(self, path):
+            if path.endswith("bad"):
+                raise ValueError(f"weights {path}: no *.safetensors file")
+            served.append((self.model_path, path))
+            self.model_path = path
+
+        def close(self):
+            closed.append(self.model_path)
+
+    pool = EnginePool(EngineConfig(backend="vllm", vllm={"max_engines": 2}),
+                      loader=lambda path, cfg: loads.append(path) or Swappable(path))
+    msg = [[{"role": "user", "content": "x"}]]
+    team = pool.team({"a": a, "b": b, "w": wide}, base)
+    for role in ("other", "a", "b"):
+        assert team.complete(role, msg)[0].text == {"a": a, "b": b}.get(role, base)
+    # base and a started; b takes base's engine (the least recent) in place
+    assert loads == [base, a] and served == [(base, b)] and closed == [] and pool.loaded == [a, b]
+    assert (pool.started, pool.swapped, pool.closed) == (2, 1, 0)
+    assert team.complete("w", msg)[0].text == wide          # another architecture: a's engine closed, one started
+    assert loads == [base, a, wide] and closed == [a] and pool.loaded == [b, wide]
+    bad = _checkpoint(tmp_path / "bad")
+    with pytest.raises(ValueError, match="no \\*.safetensors"):
+        pool.get(bad)
+    assert closed == [a, b] and pool.loaded == [wide] and (pool.started, pool.swapped, pool.closed) == (3, 1, 2)
+    assert team.complete("a", msg)[0].text == a             # the pool still serves
+
+
 def test_team_sampling_per_role_and_n_forced_to_one_for_complete():
     seen = []
 

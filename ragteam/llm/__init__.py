@@ -7,10 +7,12 @@ distinct model path once, so three MAPS agents that share a checkpoint share one
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
 from pydantic import Field, field_validator
@@ -206,16 +208,55 @@ def load_engine(model_path: str, cfg: EngineConfig) -> Engine:
     return VLLMEngine(model_path, cfg)
 
 
+# config.json keys that describe how a checkpoint was saved, not the network an engine builds from it (training with
+# gradient checkpointing saves use_cache false)
+_SAVE_ONLY_CONFIG_KEYS = ("_name_or_path", "transformers_version", "use_cache")
+# files that decide how an engine renders, tokenizes and detokenizes: it keeps the ones of the path it started on
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model")
+
+
+def swap_blocker(loaded: str, wanted: str) -> str | None:
+    """Why an engine started on checkpoint dir `loaded` cannot serve checkpoint dir `wanted` by reloading weights
+    in place (None: it can): the architecture (config.json, bar `_SAVE_ONLY_CONFIG_KEYS`) and generation defaults
+    (generation_config.json, bar its transformers_version) must be equal and every tokenizer file the same bytes, so
+    that the reloaded engine generates what one started on `wanted` would (tests/worker checks the tokens)."""
+    a, b = Path(loaded), Path(wanted)
+
+    def parsed(d: Path, name: str) -> dict | None:
+        try:
+            cfg = json.loads((d / name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{d / name}: not readable JSON ({e})") from None
+        return {k: v for k, v in cfg.items() if k not in _SAVE_ONLY_CONFIG_KEYS}
+
+    if parsed(a, "config.json") is None or parsed(b, "config.json") is None:
+        return "no config.json in both"
+    for name in ("config.json", "generation_config.json"):
+        if parsed(a, name) != parsed(b, name):
+            return f"{name} differs"
+    for name in _TOKENIZER_FILES:
+        fa, fb = a / name, b / name
+        if fa.is_file() != fb.is_file() or (fa.is_file() and fa.read_bytes() != fb.read_bytes()):
+            return f"{name} differs"
+    return None
+
+
 class EnginePool:
     """Loads each distinct model path once (lazily, on first use) and hands out Teams that share the engines.
 
-    With the vllm backend at most `cfg.vllm.max_engines` engines are started at once: loading one more closes the
-    least recently used (a Team asks the pool on every call, so a closed engine is started again when next needed;
-    the systems of a stage run one after the other, so that is rare). `closed` counts those evictions."""
+    With the vllm backend at most `cfg.vllm.max_engines` engines are started at once. One more checkpoint then takes
+    the place of the least recently used: when both are the same architecture with the same tokenizer
+    (`swap_blocker`), that engine reloads the new weights in place (`serve_checkpoint`: about a second for SmolLM2
+    on the CPU, where closing an engine and starting another takes about 20 s); otherwise it is closed and a new one
+    started. A Team asks the pool on every call, so a checkpoint swapped or closed out is brought back when next
+    needed. `started`, `swapped` and `closed` count those events (stage evaluate prints them)."""
 
     def __init__(self, cfg: EngineConfig, loader: Callable[[str, EngineConfig], Engine] = load_engine):
         self.cfg, self._loader, self._engines = cfg, loader, {}
-        self.closed = 0
+        self.started = self.swapped = self.closed = 0
 
     def get(self, path: str) -> Engine:
         if path in self._engines:
@@ -223,11 +264,24 @@ class EnginePool:
             return self._engines[path]
         cap = self.cfg.vllm.max_engines if self.cfg.backend == "vllm" else None
         while cap is not None and len(self._engines) >= cap:
-            old = self._engines.pop(next(iter(self._engines)))
+            old_path = next(iter(self._engines))
+            old = self._engines.pop(old_path)
+            if hasattr(old, "serve_checkpoint") and swap_blocker(old_path, path) is None:
+                try:
+                    old.serve_checkpoint(path)
+                except BaseException:   # half-loaded weights: the engine serves neither checkpoint
+                    if hasattr(old, "close"):
+                        old.close()
+                    self.closed += 1
+                    raise
+                self.swapped += 1
+                self._engines[path] = old
+                return old
             if hasattr(old, "close"):
                 old.close()
             self.closed += 1
         self._engines[path] = self._loader(path, self.cfg)
+        self.started += 1
         return self._engines[path]
 
     def close(self) -> None:

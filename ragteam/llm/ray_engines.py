@@ -60,6 +60,9 @@ class _EngineActor:
     def load_weights(self, path: str) -> None:
         self.engine.load_weights(path)
 
+    def serve_checkpoint(self, path: str) -> None:
+        self.engine.serve_checkpoint(path)
+
     def close(self) -> None:
         self.engine.close()
 
@@ -189,6 +192,12 @@ class RayEngines(AdapterSwitch):
     def load_weights(self, weights_dir: str | Path) -> None:
         d = check_weights_dir(weights_dir)
         self._all("load_weights", str(d.resolve()))
+
+    def serve_checkpoint(self, weights_dir: str | Path) -> None:
+        """Every engine serves another checkpoint from now on (`VLLMEngine.serve_checkpoint`)."""
+        self._all("serve_checkpoint", str(check_weights_dir(weights_dir).resolve()))
+        self.model_path = str(weights_dir)
+        self.metadata = {**self.metadata, "model": self.model_path}
 
     def close(self) -> None:
         """Stop every engine and its actor; the local cluster this process started stops with the last set."""

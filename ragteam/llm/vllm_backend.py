@@ -248,6 +248,16 @@ class VLLMEngine(AdapterSwitch):
         self._engine_call(self.llm.collective_rpc, _retie_output_embeddings)
         self.llm.reset_prefix_cache()
 
+    def serve_checkpoint(self, weights_dir: str | Path) -> None:
+        """Serve another checkpoint from now on (`EnginePool`'s swap; `ragteam.llm.swap_blocker` decides when that
+        is exact): its weights reloaded in place, and its path in the engine's errors and lineage."""
+        if self._lora is not None:
+            raise RuntimeError(f"vLLM engine on {self.model_path} has a LoRA adapter loaded: it cannot serve "
+                               f"{weights_dir} as a plain checkpoint")
+        self.load_weights(weights_dir)
+        self.model_path = str(weights_dir)
+        self.metadata = {**self.metadata, "model": self.model_path}
+
     def close(self) -> None:
         """Stop the engine's processes now (they would otherwise live until this object is collected)."""
         _LIVE.discard(self)

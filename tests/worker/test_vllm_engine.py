@@ -153,6 +153,47 @@ def test_a_full_weight_reload_changes_the_outputs_without_a_restart_and_matches_
         vpolicy.sync(peft_policy(smollm2_dir, seed=0))
 
 
+def test_a_full_pool_serves_a_trained_checkpoint_by_reloading_an_engine_as_a_fresh_one_would(vllm_engine, hf_engine,
+                                                                                             smollm2_dir, rag_prompts,
+                                                                                             tmp_path):
+    """Stage evaluate's engine swap: a checkpoint saved as the trainers save one (`save_agent`) passes `swap_blocker`
+    against the base model it was trained from, and a pool at max_engines serves it from the engine it has (same
+    processes, nothing started) with HF's greedy tokens for those weights; the base comes back the same way."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragteam.llm import EngineConfig, EnginePool, swap_blocker
+    from ragteam.train.checkpoints import TrainResult, save_agent
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for t in model.parameters():
+            t.add_(torch.randn(t.shape, generator=g) * t.std() * 0.05)
+    trained = save_agent(TrainResult(model=model, tokenizer=tok, log_history=[], global_step=1, seconds=0.0),
+                         tmp_path / "agent")
+    assert swap_blocker(str(smollm2_dir), str(trained)) is None
+    hf_ids = ids(HFEngine(str(trained), engine_config(), model=model, tokenizer=tok).generate(rag_prompts, GREEDY))
+    base_ids = ids(hf_engine.generate(rag_prompts, GREEDY))
+    assert hf_ids != base_ids
+    starts = []
+    pool = EnginePool(EngineConfig(backend="vllm", vllm={"max_engines": 1}),
+                      loader=lambda path, cfg: starts.append(path) or vllm_engine)
+    procs = engine_processes()
+    try:
+        team = pool.team({"answer_agent": str(trained)}, str(smollm2_dir), {"default": GREEDY})
+        assert ids(team.generate("judge_agent", rag_prompts)) == base_ids
+        assert ids(team.generate("answer_agent", rag_prompts)) == hf_ids
+        assert vllm_engine.metadata["model"] == str(trained) == vllm_engine.model_path
+        assert ids(team.generate("judge_agent", rag_prompts)) == base_ids
+        assert starts == [str(smollm2_dir)] and (pool.started, pool.swapped, pool.closed) == (1, 2, 0)
+        assert engine_processes() == procs
+    finally:
+        if vllm_engine.model_path != str(smollm2_dir):
+            vllm_engine.serve_checkpoint(smollm2_dir)
+    assert vllm_engine.metadata["model"] == str(smollm2_dir)
+
+
 def test_a_malformed_adapter_fails_naming_its_path_and_the_engine_keeps_serving(vllm_engine, rag_prompts,
                                                                                smollm2_dir, tmp_path):
     """A bad adapter given to vLLM at generation time kills its engine process; here each fails at load with its
