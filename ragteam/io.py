@@ -7,7 +7,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,44 @@ def write_json(path: str | Path, obj: Any) -> None:
     with atomic_file(path) as f:
         json.dump(obj, f, indent=2, ensure_ascii=False, default=str)
         f.write("\n")
+
+
+# A stage's declared DVC metrics: the numbers people compare between runs (`dvc metrics show / diff`, `dvc exp show`).
+# Its whole record (timings, counts, settings, the environment) stays in metrics/<name>.json, a plain output.
+SUMMARY_DIR = "summary"
+
+
+def compared_numbers(record: Mapping, keep: Sequence[str]) -> dict:
+    """The numbers of `record` (nested dicts) whose dotted path (`a.b.c`) matches one of the fnmatch patterns
+    `keep`, nested as in `record`. Booleans, strings and lists are never kept."""
+    out: dict = {}
+
+    def walk(x: Any, path: tuple[str, ...]) -> None:
+        if isinstance(x, Mapping):
+            for k, v in x.items():
+                walk(v, (*path, str(k)))
+        elif (isinstance(x, (int, float)) and not isinstance(x, bool)
+              and any(fnmatchcase(".".join(path), pat) for pat in keep)):
+            d = out
+            for k in path[:-1]:
+                d = d.setdefault(k, {})
+            d[path[-1]] = x
+
+    walk(record, ())
+    return out
+
+
+def summary_path(record_path: str | Path) -> Path:
+    """metrics/<name>.json -> metrics/summary/<name>.json: where the declared metrics of that record go."""
+    p = Path(record_path)
+    return p.parent / SUMMARY_DIR / p.name
+
+
+def write_metrics(path: str | Path, record: Mapping, keep: Sequence[str]) -> None:
+    """The stage's whole record to `path` (metrics/<name>.json, a plain output) and `compared_numbers(record, keep)`
+    to `summary_path(path)` (its declared metrics)."""
+    write_json(path, record)
+    write_json(summary_path(path), compared_numbers(record, keep))
 
 
 @contextlib.contextmanager

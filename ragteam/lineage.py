@@ -198,10 +198,13 @@ def current_params(root: str | Path, stage: Stage) -> dict[str, dict[str, Any]]:
     return out
 
 
-def read_metrics(root: str | Path, stage: Stage) -> dict[str, Any]:
-    """Metrics files of the stage parsed as JSON/YAML (None where missing)."""
+def read_metrics(root: str | Path, stage: Stage, records: bool = False) -> dict[str, Any]:
+    """The stage's declared metrics files parsed as JSON/YAML (None where missing); with `records` also its plain
+    outputs under metrics/ (the whole record a stage writes beside its declared metrics, `ragteam.io.write_metrics`:
+    timings, counts, the environment)."""
     values: dict[str, Any] = {}
-    for m in stage.metrics:
+    extra = [o for o in stage.outs if records and o.startswith("metrics/") and o.endswith(".json")]
+    for m in dict.fromkeys([*stage.metrics, *extra]):
         path = Path(root) / m
         if not path.is_file():
             values[m] = None
@@ -297,7 +300,7 @@ def find_producer(stages: dict[str, Stage], path: str) -> tuple[Stage, str]:
 
 
 def recorded_environment(metrics: dict[str, Any]) -> dict[str, Any] | None:
-    """The `environment` a stage recorded in one of its metrics files (stages/common.py, synthesize, label_judge:
+    """The `environment` a stage recorded in one of its metrics records (stages/common.py, synthesize, label_judge:
     main or worker, Python, the engine packages' versions), or None where the stage records none."""
     for values in metrics.values():
         if isinstance(values, dict) and isinstance(values.get("environment"), dict):
@@ -338,7 +341,7 @@ def lineage(root: str | Path, path: str | Path) -> dict[str, Any]:
         "lock_commit": git_last_commit(root, "dvc.lock"),
         "lock_dirty": git_is_dirty(root, "dvc.lock"),
         "artifact": None,
-        "environment": recorded_environment(read_metrics(root, stage)),
+        "environment": recorded_environment(read_metrics(root, stage, records=True)),
     }
     if rel != out and out in lock_outs:
         member = PurePosixPath(rel).relative_to(out).as_posix()

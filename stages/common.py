@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ragteam.config import ParamsError, Strict, load_params
-from ragteam.io import DataError, read_jsonl, write_json
+from ragteam.io import DataError, read_jsonl, write_metrics
 from ragteam.llm import EngineDead
 from ragteam.environment import lineage_environment
 from ragteam.llm.environment import ensure_engine_environment
@@ -165,6 +165,26 @@ class Timer:
         return round(time.perf_counter() - self.t0, 1)
 
 
+# what a training stage declares as DVC metrics (metrics/summary/<stage>.json, `ragteam.io.write_metrics`): where
+# training started and ended by its own reward and scores; steps, seconds, counts and the rest stay in its record
+COMPARED = {
+    "train_answer": ("reward_first", "reward_last", "em_first", "em_last", "kl_last"),
+    "train_query": ("reward_first", "reward_last", "delta_f1_positive_rate", "kl_last"),
+    "train_judge": ("loss_last", "token_accuracy_last"),
+    "train_joint": ("reward_first", "reward_last", "episode_f1_first", "episode_f1_last", "format_error_rate_first",
+                    "format_error_rate_last", "explained_variance_last", "stage*/episode_f1_*",
+                    "stage*/format_error_rate_*"),
+}
+
+
+def compared_keys(stage: str) -> tuple[str, ...]:
+    """COMPARED of `stage` or of its family (`train_joint` for `train_joint_mask`)."""
+    for family, keys in COMPARED.items():
+        if stage == family or stage.startswith(f"{family}_"):
+            return keys
+    raise KeyError(f"no compared metrics for stage {stage!r}: add it to stages/common.py COMPARED")
+
+
 def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str, Any]], *,
                engines: bool | Literal["rollouts"] = False, system: str | None = None) -> None:
     """Entry point of a training stage: `body(params)` trains and returns the metrics, written to metrics/<stage>.json
@@ -183,5 +203,5 @@ def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str
         metrics = body(params)
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         sys.exit(f"{stage} FAILED ({AGENTS / agent} left untouched): {e}")
-    write_json(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()})
+    write_metrics(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()}, compared_keys(stage))
     print(f"{stage}: {metrics}")

@@ -2,9 +2,11 @@
 
 Writes results/eval/<system>/<benchmark>.jsonl (Episodes: every agent call, prompt, parse, tokens, retrieved ids),
 metrics/eval.json ({system: {benchmark | avg: EM/F1/Acc (+ LJ for DECOR) in % + cost per question + em_ci/f1_ci
-bootstrap intervals}}), metrics/eval_compare.json (paired-bootstrap differences for the eval.compare pairs),
-reports/eval.md (MAPS Table 1 layout + cost columns, intervals, differences) and reports/figures/eval_*.png. Outputs
-are swapped in only when every system finished.
+bootstrap intervals}}) and metrics/eval_compare.json (paired-bootstrap differences for the eval.compare pairs), both
+plain outputs; the declared metrics metrics/summary/eval.json (each row's average EM / F1 / no-answer rate, each
+pair's F1 difference and interval: what `dvc metrics show` and `dvc exp show` list); reports/eval.md (MAPS Table 1
+layout + cost columns, intervals, differences) and reports/figures/eval_*.png (a panel or a colour per system
+family). Outputs are swapped in only when every system finished.
 """
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ from ragteam.agents.jade_workflow import JadeConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
-from ragteam.eval.evaluate import (EvalConfig, WorkflowConfigs, add_intervals, compare_systems, comparison_pairs,
-                                   make_team, no_answer_reasons, question_scores, rows_without_their_stage, run_system,
-                                   summarize, with_average, without_rows)
+from ragteam.eval.evaluate import (COMPARED, EvalConfig, WorkflowConfigs, add_intervals, compare_systems,
+                                   comparison_pairs, make_team, no_answer_reasons, question_scores,
+                                   rows_without_their_stage, run_system, summarize, system_groups, with_average,
+                                   without_rows)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
-from ragteam.io import DataError, atomic_dir, atomic_file, write_json
+from ragteam.io import DataError, atomic_dir, atomic_file, compared_numbers, summary_path, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
 from ragteam.environment import environment_line
 from ragteam.llm.environment import ensure_engine_environment
@@ -106,8 +109,9 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
     print(f"evaluate: engines started {engines.started}, reloaded in place {engines.swapped}, closed "
           f"{engines.closed}", flush=True)
     benches = list(qa)
-    cost_png = plot_cost_accuracy(metrics, figures / "eval_cost.png")
-    scores_png = plot_scores(metrics, benches, figures / "eval_scores.png")
+    groups = system_groups(ev.systems)
+    cost_png = plot_cost_accuracy(metrics, figures / "eval_cost.png", groups)
+    scores_png = plot_scores(metrics, benches, figures / "eval_scores.png", groups)
     context = {"base model": llm.model, "backend": f"{llm.backend} ({llm.device}, {llm.dtype})",
                "retriever": ev.retriever, "questions per benchmark": _questions_context(ev),
                "MAPS": f"max_rounds {cfgs.maps.max_rounds}, top_k {cfgs.maps.top_k}, fixed_rounds "
@@ -127,6 +131,8 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
     diffs = compare_systems(scores, comparison_pairs(ev.systems, ev.compare), ev.bootstrap)
     write_json(differences, diffs)
+    write_json(summary_path(differences.parent / METRICS.name),       # the declared metrics (COMPARED)
+               compared_numbers({"systems": metrics, "differences": diffs}, COMPARED))
     md = report_markdown(metrics, benches, context,
                          [os.path.relpath(p, report.parent) for p in (cost_png, scores_png)], diffs,
                          ev.bootstrap.model_dump(), reasons)

@@ -3,8 +3,9 @@
 The first `eval_agents.n_questions` of each benchmark in data/prepared/benchmarks, one retrieval with
 `eval_agents.retriever`; the trained checkpoints are those of `eval.agents`. Writes metrics/eval_agents.json
 ({benchmark | avg: {n, answer|query|judge: {base, trained, diff}}}: scores, bootstrap intervals, paired trained - base
-differences), results/eval_agents/questions.json (the per-question scores, so seed replicates can be pooled by
-`ragteam replicate summarize`) and reports/eval_agents.md. See `ragteam.eval.agents` for what is measured.
+differences; its declared metrics in metrics/summary/eval_agents.json, COMPARED), results/eval_agents/questions.json
+(the per-question scores, so seed replicates can be pooled by `ragteam replicate summarize`) and
+reports/eval_agents.md. See `ragteam.eval.agents` for what is measured.
 """
 from __future__ import annotations
 
@@ -16,13 +17,19 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.eval.agents import ROLE, EvalAgentsConfig, report_markdown, run_agents, summarize_agents
 from ragteam.eval.evaluate import EvalConfig
-from ragteam.io import DataError, atomic_file, write_json
+from ragteam.io import DataError, atomic_file, write_json, write_metrics
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
 from ragteam.environment import environment_line
 from ragteam.llm.environment import ensure_engine_environment
 from stages.evaluate import BENCHMARKS, load_benchmarks
 
 METRICS = Path("metrics/eval_agents.json")
+# the declared metrics (metrics/summary/eval_agents.json): over benchmarks, each agent's trained - base difference
+# with its interval, and the answer agent's EM / F1 / no-answer rate, the query agent's mean delta-F1 and the judge's
+# (balanced) accuracy, base and trained; per-benchmark rows, intervals and counts stay in the record
+COMPARED = ("avg.*.diff.*.diff", "avg.*.diff.*.lo", "avg.*.diff.*.hi", "avg.answer.*.em", "avg.answer.*.f1",
+            "avg.answer.*.no_answer", "avg.query.*.mean_delta_f1", "avg.judge.*.accuracy",
+            "avg.judge.*.balanced_accuracy")
 QUESTIONS = Path("results/eval_agents/questions.json")
 REPORT = Path("reports/eval_agents.md")
 
@@ -58,7 +65,7 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, cfg: EvalAgentsConfig, trained: di
                                                                 for b, p in per.items()}})
     with atomic_file(report) as f:
         f.write(report_markdown(summary, per, settings, cfg.bootstrap))
-    write_json(metrics, summary)
+    write_metrics(metrics, summary, COMPARED)
     a = summary["avg"]
     print(f"evaluate_agents: {summary['avg']['n']} questions, {time.perf_counter() - t0:.1f} s; avg trained - base: "
           + ", ".join(f"{agent} {m} {d['diff']:+.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"

@@ -19,7 +19,7 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.data.validate import Limits, ValidationFailed, check_files
-from ragteam.io import DataError, atomic_dir, write_json, write_jsonl
+from ragteam.io import DataError, atomic_dir, write_jsonl, write_metrics
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
 from ragteam.environment import lineage_environment
 from ragteam.llm.environment import ensure_engine_environment
@@ -105,7 +105,8 @@ def main() -> None:
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         extra = " (previous data/judge left untouched)" if isinstance(e, (ValidationFailed, DataError)) else ""
         sys.exit(f"{STAGE} FAILED{extra}: {e}")
-    write_json(f"metrics/{STAGE}.json", {**metrics, "environment": lineage_environment()})
+    write_metrics(f"metrics/{STAGE}.json", {**metrics, "environment": lineage_environment()},
+                  ("drop_rate", "sufficient_share"))   # declared metrics: the labels' balance, not their counts
     print(f"{STAGE}: {metrics}")
 
 

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.io import DataError, atomic_dir, write_json
+from ragteam.io import DataError, atomic_dir, write_json, write_metrics
 from ragteam.llm import LLMConfig
 from ragteam.environment import lineage_environment
 from ragteam.train.checkpoints import save_agent
@@ -103,7 +103,9 @@ def main() -> None:
         metrics = run(name, load_params())
     except (ParamsError, DataError, ValueError) as e:
         sys.exit(f"{stage} FAILED ({WARMUP_DIR / name} left untouched): {e}")
-    write_json(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()})
+    # declared metrics: the held-out format error rate the warm-up stopped at, and its SFT loss and token accuracy
+    write_metrics(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()},
+                  ("format_error_rate_after", "loss_last", "token_accuracy_last"))
     print(f"{stage}: {metrics}", flush=True)
 
 

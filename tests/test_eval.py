@@ -106,6 +106,46 @@ def test_report_and_plots(tmp_path):
     assert "HotpotQA 5, Bamboogle 5" in md
 
 
+def test_figures_group_systems_by_family_at_most_8_per_panel_with_f1_intervals_as_error_bars(tmp_path, monkeypatch):
+    """The default eval.systems (29 rows) in panels of their family (the paper they come from), none over 8 series;
+    each bar's error bar is its 95 % bootstrap interval; a group over 8 is refused rather than drawn unreadable."""
+    from matplotlib.axes import Axes
+
+    from ragteam.eval.evaluate import system_groups
+
+    systems = parse_section(yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text()), "eval",
+                            EvalConfig).systems
+    groups = system_groups(systems)
+    assert list(groups)[:3] == ["Baselines", "MAPS", "JADE"] and "M-ASK" in groups and "QAgent" in groups
+    assert all(1 <= len(g) <= 8 for g in groups.values()) and sum(map(len, groups.values())) == len(systems)
+    assert {"qagent", "qagent_plugin_trained", "qagent_grammar"} <= set(groups["QAgent"])
+    many = {f"s{i}": SystemSpec(workflow="native") for i in range(10)}
+    assert {g: len(n) for g, n in system_groups(many).items()} == {"Baselines (1/2)": 8, "Baselines (2/2)": 2}
+
+    m = _metrics()
+    for per in m.values():
+        for row in per.values():
+            row["f1_ci"] = [row["f1"] - 5.0, row["f1"] + 7.0]
+    bars = []
+    real_bar = Axes.bar
+
+    def bar(self, x, height, width, **kw):
+        bars.append((self.get_title(), kw.get("label"), kw.get("yerr")))
+        return real_bar(self, x, height, width, **kw)
+
+    monkeypatch.setattr(Axes, "bar", bar)
+    png = report.plot_scores(m, ["hotpotqa", "bamboogle"], tmp_path / "s.png", {"Baselines": ["native"],
+                                                                               "MAPS": ["maps", "gone"]})
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # panels titled by group, the missing row skipped; lower and upper error per column (2 benchmarks + average)
+    assert [(t, lab) for t, lab, _ in bars] == [("Baselines", "native"), ("MAPS", "maps")]
+    assert bars[0][2] == [[5.0, 5.0, 5.0], [7.0, 7.0, 7.0]]
+    with pytest.raises(ValueError, match="more than 8 systems"):
+        report.plot_scores({f"s{i}": m["native"] for i in range(9)}, ["hotpotqa"], tmp_path / "x.png",
+                           {"all": [f"s{i}" for i in range(9)]})
+    assert report.plot_cost_accuracy(m, tmp_path / "c.png", {"Baselines": ["native"], "MAPS": ["maps"]}).is_file()
+
+
 def test_prefect_artifact_only_inside_a_run(monkeypatch):
     assert report.in_prefect_run() is False and report.publish_prefect_artifact("# x") is False
     made = []
@@ -171,6 +211,10 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path, capsy
     assert "| maps | 2/2 | 50.00 [0.00, 100.00] |" in md
     diffs = json.loads((out / "compare.json").read_text())
     assert list(diffs) == ["standard_rag vs native", "maps vs maps_untrained"]  # derived pairs
+    head = json.loads((out / "summary" / "eval.json").read_text())   # the declared metrics: averages and F1 diffs
+    assert head["systems"]["maps"] == {"avg": {"em": 50.0, "f1": metrics["maps"]["avg"]["f1"], "no_answer": 0.0}}
+    assert list(head["systems"]) == list(systems) and list(head["differences"]) == list(diffs)
+    assert head["differences"]["maps vs maps_untrained"] == {"avg": {"f1": {"diff": 0.0, "lo": 0.0, "hi": 0.0}}}
     d = diffs["maps vs maps_untrained"]                               # the scripted engine ignores the checkpoint
     assert (d["a"], d["b"], d["avg"]["n"]) == ("maps", "maps_untrained", 4)
     assert d["hotpotqa"]["f1"] == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "n": 2, "significant": False}
@@ -291,8 +335,9 @@ def test_dvc_stage_declares_what_the_stage_reads_and_writes():
             "models/llm", "models/agents", "models/warmup"} <= deps     # the checkpoints as directories
     assert "${eval.retriever}" in deps and any(str(stage.BENCHMARKS).startswith(d) for d in deps)
     outs = [next(iter(o)) if isinstance(o, dict) else o for o in st["outs"]]
-    assert outs == [str(stage.RESULTS), str(stage.REPORT)]
-    assert [next(iter(m)) for m in st["metrics"]] == [str(stage.METRICS), str(stage.DIFFERENCES)]
+    # every score and difference as plain outputs; the declared metrics (dvc metrics show / exp show) the headline
+    assert outs == [str(stage.RESULTS), str(stage.REPORT), str(stage.METRICS), str(stage.DIFFERENCES)]
+    assert [next(iter(m)) for m in st["metrics"]] == ["metrics/summary/eval.json"]
     assert [next(iter(p)) for p in st["plots"]] == [str(stage.FIGURES / "eval_cost.png"),
                                                     str(stage.FIGURES / "eval_scores.png")]
 

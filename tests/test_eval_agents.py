@@ -69,6 +69,10 @@ def _run(tmp_path, **kw):
 def test_each_agent_base_vs_trained_with_paired_differences(tmp_path):
     summary, engines, out = _run(tmp_path)
     assert list(summary) == ["hotpotqa", "bamboogle", "avg"] and summary["avg"]["n"] == 8
+    declared = json.loads((out / "summary" / "m.json").read_text())     # the declared metrics: averages only
+    assert list(declared) == ["avg"] and set(declared["avg"]) == {"answer", "query", "judge"}
+    assert declared["avg"]["answer"]["diff"]["em"] == {k: summary["avg"]["answer"]["diff"]["em"][k]
+                                                       for k in ("diff", "lo", "hi")}
     h = summary["hotpotqa"]
     # answer: base never right; trained right on questions 0 and 2 of 4
     assert (h["answer"]["base"]["em"], h["answer"]["trained"]["em"]) == (0.0, 50.0)
@@ -161,8 +165,8 @@ def test_params_section_and_dvc_stage():
             "stages/evaluate_agents.py"} <= set(st["deps"])
     assert {"eval_agents", "eval.agents", "llm"} <= set(st["params"])
     outs = [next(iter(o)) for o in st["outs"]]
-    assert outs == [str(stage.QUESTIONS), str(stage.REPORT)]
-    assert [next(iter(m)) for m in st["metrics"]] == [str(stage.METRICS)]
+    assert outs == [str(stage.QUESTIONS), str(stage.REPORT), str(stage.METRICS)]    # the record: a plain output
+    assert [next(iter(m)) for m in st["metrics"]] == ["metrics/summary/eval_agents.json"]
     assert all(v["cache"] is False for o in st["outs"] for v in o.values())   # git-tracked: readable per experiment
 
 

@@ -335,6 +335,37 @@ def with_average(per_benchmark: Mapping[str, Mapping[str, float]]) -> dict[str, 
     return out
 
 
+# ---- what the figures and the declared metrics show ---------------------------------------------------------------
+
+# a system's family in the figures: the paper it comes from (the FlashRAG baselines together)
+FAMILIES = {"native": "Baselines", "standard_rag": "Baselines", "iter_retgen": "Baselines", "drag": "Baselines",
+            "ircot": "Baselines", "sure": "Baselines", "maps": "MAPS", "mask": "M-ASK", "jade": "JADE",
+            "decor": "DECOR", "qagent": "QAgent", "qagent_plugin": "QAgent"}
+MAX_SERIES = 8   # bars or markers per panel that a reader can still tell apart
+
+
+def system_groups(systems: Mapping[str, SystemSpec], max_series: int = MAX_SERIES) -> dict[str, list[str]]:
+    """{family: rows} in the order of eval.systems, a family of more than `max_series` rows split into
+    "<family> (1/k)" parts: one figure panel each."""
+    fam: dict[str, list[str]] = {}
+    for name, spec in systems.items():
+        fam.setdefault(FAMILIES.get(spec.workflow, spec.workflow), []).append(name)
+    out: dict[str, list[str]] = {}
+    for f, names in fam.items():
+        parts = [names[i: i + max_series] for i in range(0, len(names), max_series)]
+        for k, part in enumerate(parts, 1):
+            out[f if len(parts) == 1 else f"{f} ({k}/{len(parts)})"] = part
+    return out
+
+
+# the declared metrics of stage evaluate (metrics/summary/eval.json; `ragteam.io.compared_numbers` of
+# {"systems": metrics/eval.json, "differences": metrics/eval_compare.json}): each row's average EM, F1 and no-answer
+# rate over benchmarks, and each compared pair's F1 difference with its 95 % paired interval; per-benchmark scores,
+# intervals, costs and counts stay in the two records
+COMPARED = ("systems.*.avg.em", "systems.*.avg.f1", "systems.*.avg.no_answer", "differences.*.avg.f1.diff",
+            "differences.*.avg.f1.lo", "differences.*.avg.f1.hi")
+
+
 # ---- uncertainty: intervals per system x benchmark, paired differences between systems ---------------------------
 
 INTERVAL_KEYS = ("em", "f1", *SILENCE_KEYS)

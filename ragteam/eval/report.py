@@ -209,8 +209,24 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
     return "\n".join(parts)
 
 
-def plot_cost_accuracy(metrics: Mapping, out_path: str | Path) -> Path:
-    """Average F1 and EM against tokens and seconds per question, one point per system."""
+def _groups(metrics: Mapping, groups: Mapping[str, Sequence[str]] | None, max_series: int = 8) -> dict[str, list[str]]:
+    """`groups` restricted to the systems `metrics` has (a group with none is dropped), or the systems in metrics
+    order, `max_series` at a time; a group over `max_series` systems is an error (unreadable)."""
+    if groups is None:
+        names = list(metrics)
+        return {f"systems {i + 1}-{i + len(names[i: i + max_series])}": names[i: i + max_series]
+                for i in range(0, len(names), max_series)}
+    out = {g: [n for n in names if n in metrics] for g, names in groups.items()}
+    big = {g: len(n) for g, n in out.items() if len(n) > max_series}
+    if big:
+        raise ValueError(f"figure groups with more than {max_series} systems: {big}")
+    return {g: n for g, n in out.items() if n}
+
+
+def plot_cost_accuracy(metrics: Mapping, out_path: str | Path,
+                       groups: Mapping[str, Sequence[str]] | None = None) -> Path:
+    """Average F1 (o) and EM (x) against tokens and seconds per question, one point per system, one colour per group
+    (`groups`: family -> systems, `ragteam.eval.evaluate.system_groups`), each point named."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,26 +234,33 @@ def plot_cost_accuracy(metrics: Mapping, out_path: str | Path) -> Path:
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    colours = plt.get_cmap("tab10").colors
     for ax, (cost, label) in zip(axes, [("tokens", "tokens per question"), ("seconds", "seconds per question")]):
-        for system, per in metrics.items():
-            a = per["avg"]
-            ax.scatter(a[cost], a["f1"], marker="o", label=f"{system} F1")
-            ax.scatter(a[cost], a["em"], marker="x", color=ax.collections[-1].get_facecolor())
-            ax.annotate(system, (a[cost], a["f1"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for k, (group, systems) in enumerate(_groups(metrics, groups).items()):
+            c = colours[k % len(colours)]
+            xs = [metrics[s]["avg"][cost] for s in systems]
+            ax.scatter(xs, [metrics[s]["avg"]["f1"] for s in systems], marker="o", color=c, label=group)
+            ax.scatter(xs, [metrics[s]["avg"]["em"] for s in systems], marker="x", color=c)
+            for s, x in zip(systems, xs):
+                ax.annotate(s, (x, metrics[s]["avg"]["f1"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set_xlabel(label)
         ax.set_ylabel("average score (%)  o F1, x EM")
         ax.grid(alpha=0.3)
     axes[0].set_title("accuracy vs token cost")
     axes[1].set_title("accuracy vs wall time")
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, out_path, dpi=110)
     plt.close(fig)
     return out_path
 
 
-def plot_scores(metrics: Mapping, benchmarks: Sequence[str], out_path: str | Path) -> Path:
-    """Grouped bars: F1 per benchmark and system."""
+def plot_scores(metrics: Mapping, benchmarks: Sequence[str], out_path: str | Path,
+                groups: Mapping[str, Sequence[str]] | None = None) -> Path:
+    """F1 per benchmark (and the average), one panel per group of at most 8 systems (`groups`: family -> systems,
+    else the systems 8 at a time), bars grouped by benchmark, each with its 95 % bootstrap interval (`f1_ci`) as an
+    error bar where the metrics have one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,18 +268,29 @@ def plot_scores(metrics: Mapping, benchmarks: Sequence[str], out_path: str | Pat
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    systems = list(metrics)
+    panels = _groups(metrics, groups)
     cols = list(benchmarks) + ["avg"]
-    width = 0.8 / max(1, len(systems))
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cols)), 4))
-    for k, system in enumerate(systems):
-        ax.bar([i + k * width for i in range(len(cols))], [metrics[system][c]["f1"] for c in cols], width,
-               label=system)
-    ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(cols))])
-    ax.set_xticklabels([display(c) if c != "avg" else "Average" for c in cols])
-    ax.set_ylabel("F1 (%)")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    ncols = 2 if len(panels) > 1 else 1
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(6, 1.6 * len(cols)) * ncols, 3.6 * nrows), squeeze=False)
+    for ax, (group, systems) in zip(axes.flat, panels.items()):
+        ax.set_title(group)
+        width = 0.8 / len(systems)
+        for k, system in enumerate(systems):
+            f1 = [metrics[system][c]["f1"] for c in cols]
+            ci = [metrics[system][c].get("f1_ci") for c in cols]
+            err = None
+            if all(ci):
+                err = [[max(0.0, f - lo) for f, (lo, _) in zip(f1, ci)], [max(0.0, hi - f) for f, (_, hi) in zip(f1, ci)]]
+            ax.bar([i + k * width for i in range(len(cols))], f1, width, yerr=err, capsize=2, label=system,
+                   error_kw={"elinewidth": 0.8})
+        ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(cols))])
+        ax.set_xticklabels([display(c) if c != "avg" else "Average" for c in cols])
+        ax.set_ylabel("F1 (%), 95 % CI")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     fig.tight_layout()
     save_figure(fig, out_path, dpi=110)
     plt.close(fig)
