@@ -183,11 +183,14 @@ def replicate_summarize(
                     raise ValueError(f"dvc exp show --json failed: {done.stderr.strip()[-500:]}")
                 entries = json.loads(done.stdout)
 
-            def questions(rev: str) -> dict | None:
-                got = subprocess.run(["git", "show", f"{rev}:{rep.QUESTIONS_FILE}"], capture_output=True, text=True)
-                return json.loads(got.stdout) if got.returncode == 0 else None
+            def at_rev(path: str):
+                def read(rev: str) -> dict | None:   # the file as the run's commit holds it (git-tracked)
+                    got = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
+                    return json.loads(got.stdout) if got.returncode == 0 else None
+                return read
 
-            runs, notes = rep.runs_from_exp_show(entries, questions, select=exp)
+            runs, notes = rep.runs_from_exp_show(entries, at_rev(rep.QUESTIONS_FILE), select=exp,
+                                                 read_record=at_rev(rep.METRICS_FILE))
         notes += rep.check_runs(runs)
         summary = rep.summarize_replicates(runs, cfg)
     except (ValueError, OSError) as e:

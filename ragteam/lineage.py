@@ -259,7 +259,7 @@ def stage_record(root: str | Path, name: str, stages: dict[str, Stage] | None = 
         "deps": {p: h.get("md5") for p, h in entry_hashes(entry, "deps").items()},
         "outs": {p: h.get("md5") for p, h in entry_hashes(entry, "outs").items()},
         "params": entry.get("params", {}),
-        "metrics": read_metrics(root, stage),
+        "metrics": read_metrics(root, stage, records=True),
         "lock": entry,
     }
 

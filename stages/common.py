@@ -196,6 +196,7 @@ def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str
     process with one line naming the stage, and the agent's previous outs stay as they were (the agent is written
     atomically, last); the metrics file is written only after a successful run.
     """
+    keys = compared_keys(stage)        # before training: a stage without them fails now, not after hours
     try:
         params = load_params()
         if engines:
@@ -203,5 +204,5 @@ def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str
         metrics = body(params)
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         sys.exit(f"{stage} FAILED ({AGENTS / agent} left untouched): {e}")
-    write_metrics(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()}, compared_keys(stage))
+    write_metrics(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()}, keys)
     print(f"{stage}: {metrics}")

@@ -72,14 +72,17 @@ def markdown_table(metrics: dict, ks: list[int]) -> str:
     return "\n".join(lines)
 
 
+# declared metrics: recall@5 of answers and of supporting passages per retriever and benchmark
+COMPARED = ("*.*.answer_recall@5", "*.*.support_recall@5")
+
+
 def main() -> None:
     try:
         p = parse_section(load_params(), "retrieval", RetrievalParams)
         metrics = run(p)
     except (ParamsError, DataError, ValueError) as e:
         sys.exit(f"eval_retrieval FAILED: {e}")
-    # declared metrics: recall@5 of answers and of supporting passages per retriever and benchmark
-    write_metrics(METRICS, metrics, ("*.*.answer_recall@5", "*.*.support_recall@5"))
+    write_metrics(METRICS, metrics, COMPARED)
     print(markdown_table(metrics, p.eval.ks))
 
 

@@ -93,6 +93,9 @@ def run(lp: LabelJudgeParams, llm: LLMConfig, maps_cfg: MapsConfig, out: Path = 
     return {**stats, "by_source": by_source, "seconds": timer()}
 
 
+COMPARED = ("drop_rate", "sufficient_share")   # declared metrics: the labels' balance, not their counts
+
+
 def main() -> None:
     try:
         params = load_params()
@@ -105,8 +108,7 @@ def main() -> None:
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         extra = " (previous data/judge left untouched)" if isinstance(e, (ValidationFailed, DataError)) else ""
         sys.exit(f"{STAGE} FAILED{extra}: {e}")
-    write_metrics(f"metrics/{STAGE}.json", {**metrics, "environment": lineage_environment()},
-                  ("drop_rate", "sufficient_share"))   # declared metrics: the labels' balance, not their counts
+    write_metrics(f"metrics/{STAGE}.json", {**metrics, "environment": lineage_environment()}, COMPARED)
     print(f"{STAGE}: {metrics}")
 
 

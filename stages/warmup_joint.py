@@ -94,6 +94,11 @@ def run(system_name: str, params: dict) -> dict[str, Any]:
     return metrics
 
 
+# declared metrics (metrics/summary/warmup_joint_<system>.json): the held-out format error rate the warm-up stopped
+# at, and its SFT loss and token accuracy at the end
+COMPARED = ("format_error_rate_after", "loss_last", "token_accuracy_last")
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m stages.warmup_joint <system>   (a name in joint.systems)")
@@ -103,9 +108,7 @@ def main() -> None:
         metrics = run(name, load_params())
     except (ParamsError, DataError, ValueError) as e:
         sys.exit(f"{stage} FAILED ({WARMUP_DIR / name} left untouched): {e}")
-    # declared metrics: the held-out format error rate the warm-up stopped at, and its SFT loss and token accuracy
-    write_metrics(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()},
-                  ("format_error_rate_after", "loss_last", "token_accuracy_last"))
+    write_metrics(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()}, COMPARED)
     print(f"{stage}: {metrics}", flush=True)
 
 

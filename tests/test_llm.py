@@ -197,6 +197,14 @@ def test_swap_blocker_allows_an_in_place_reload_only_for_the_same_network_and_to
     extra = _checkpoint(tmp_path / "extra")
     (tmp_path / "extra" / "chat_template.jinja").write_text("{{ y }}")     # a file only one of them has
     assert swap_blocker(base, extra) == "chat_template.jinja differs"
+    nested = _checkpoint(tmp_path / "nested")                  # any format a tokenizer may be saved in counts
+    (tmp_path / "nested" / "additional_chat_templates").mkdir()
+    (tmp_path / "nested" / "additional_chat_templates" / "tool.jinja").write_text("{{ z }}")
+    assert swap_blocker(base, nested) == "additional_chat_templates/tool.jinja differs"
+    for name, text in (("model.safetensors", "weights"), ("README.md", "card"), ("ragteam-manifest.json", "{}"),
+                       ("ragteam-train.json", "{}")):       # weights, card, manifest, run fingerprint: no bearing
+        (tmp_path / "trained" / name).write_text(text)
+    assert swap_blocker(base, trained) is None
     assert swap_blocker(base, str(tmp_path / "nowhere")) == "no config.json in both"
     broken = _checkpoint(tmp_path / "broken")
     (tmp_path / "broken" / "config.json").write_text("{not json")
@@ -238,6 +246,10 @@ def test_a_full_vllm_pool_reloads_the_least_recent_engine_in_place_when_the_chec
         pool.get(bad)
     assert closed == [a, b] and pool.loaded == [wide] and (pool.started, pool.swapped, pool.closed) == (3, 1, 2)
     assert team.complete("a", msg)[0].text == a             # the pool still serves
+    unreadable = _checkpoint(tmp_path / "unreadable")
+    (tmp_path / "unreadable" / "config.json").write_text("{not json")
+    pool.get(unreadable)          # no swap decided on a broken config: the engine is closed, not orphaned
+    assert closed == [a, b, wide] and pool.loaded == [a, unreadable] and pool.started == 5
 
 
 def test_team_sampling_per_role_and_n_forced_to_one_for_complete():

@@ -131,16 +131,23 @@ def test_cli_reads_each_experiment_commit_for_its_questions(tmp_path, monkeypatc
         path = tmp_path / rep.QUESTIONS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(_questions(seed)))
+        record = tmp_path / rep.METRICS_FILE     # the whole record: a plain output, not in `dvc exp show`
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(summarize_agents(_questions(seed)["benchmarks"], CFG)))
         _git(tmp_path, "add", "-A")
         _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", f"seed {seed}")
         revs.append(_git(tmp_path, "rev-parse", "HEAD"))
-    (tmp_path / "exps.json").write_text(json.dumps(_exp_show(revs)))
+    exps = _exp_show(revs)
+    for row in [exps[1], *(e["revs"][0] for e in exps[1]["experiments"])]:   # exp show lists the summary only
+        row["data"]["metrics"] = {"metrics/summary/eval_agents.json": {"data": {"avg": {}}}}
+    (tmp_path / "exps.json").write_text(json.dumps(exps))
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["replicate", "summarize", "--exp-json", "exps.json", "--resamples", "500"])
     assert res.exit_code == 0, res.output
     out = json.loads((tmp_path / "metrics" / "replicate.json").read_text())
     assert [r["name"] for r in out["runs"]] == ["main", "seed1", "seed2"]
     assert out["bamboogle"]["answer"]["f1"]["pooled"]["diff"] == 30.0               # read from the commits
+    assert out["hotpotqa"]["answer"]["em"]["per_seed"] == [30.0, 40.0, 20.0]        # each commit's own record
     assert (tmp_path / "reports" / "replicate.md").read_text() in res.output
     bad = CliRunner().invoke(app, ["replicate", "summarize", "--exp-json", "exps.json", "--exp", "nothing"])
     assert bad.exit_code == 1 and "no runs" in bad.output

@@ -59,10 +59,14 @@ def _flatten(d: Mapping, prefix: str = "") -> dict:
 
 
 def runs_from_exp_show(entries: Sequence[Mapping], read_questions: Callable[[str], dict | None] | None = None,
-                       metrics_file: str = METRICS_FILE, select: Iterable[str] | None = None
-                       ) -> tuple[list[Run], list[str]]:
+                       metrics_file: str = METRICS_FILE, select: Iterable[str] | None = None,
+                       read_record: Callable[[str], dict | None] | None = None) -> tuple[list[Run], list[str]]:
     """Runs from `dvc exp show --json` (DVC 3: baseline commits, each with its "experiments"), skipping the
-    workspace row; `select` keeps only those names or revisions. Returns (runs with metrics, notes on the rest)."""
+    workspace row; `select` keeps only those names or revisions. Returns (runs with metrics, notes on the rest).
+
+    `metrics_file` is the stage's whole record, a plain git-tracked output: `dvc exp show` lists only the declared
+    metrics (metrics/summary/, averages without the per-benchmark rows or `significant` flags), so `read_record(rev)`
+    reads it from the run's own commit; an `exp show` row that still declares it (older runs) is read from there."""
     wanted = set(select or ())
     rows = []
     for entry in entries:
@@ -78,6 +82,8 @@ def runs_from_exp_show(entries: Sequence[Mapping], read_questions: Callable[[str
             continue
         data = row.get("data") or {}
         metric = ((data.get("metrics") or {}).get(metrics_file) or {}).get("data")
+        if not metric and read_record is not None and not row.get("error"):
+            metric = read_record(rev)
         if row.get("error") or not metric:
             notes.append(f"{name}: no {metrics_file}" + (f" ({row['error']})" if row.get("error") else ""))
             continue

@@ -211,16 +211,19 @@ def load_engine(model_path: str, cfg: EngineConfig) -> Engine:
 # config.json keys that describe how a checkpoint was saved, not the network an engine builds from it (training with
 # gradient checkpointing saves use_cache false)
 _SAVE_ONLY_CONFIG_KEYS = ("_name_or_path", "transformers_version", "use_cache")
-# files that decide how an engine renders, tokenizes and detokenizes: it keeps the ones of the path it started on
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                    "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model")
+# files of a checkpoint dir that an engine's behaviour does not depend on, besides the weights: the model card, the
+# prepared model's manifest, the trainer's run fingerprint (ragteam.models.MANIFEST, ragteam.train.checkpoints)
+_NOT_BEHAVIOUR = ("README.md", "ragteam-manifest.json", "ragteam-train.json")
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".safetensors.index.json", ".bin.index.json")
 
 
 def swap_blocker(loaded: str, wanted: str) -> str | None:
     """Why an engine started on checkpoint dir `loaded` cannot serve checkpoint dir `wanted` by reloading weights
     in place (None: it can): the architecture (config.json, bar `_SAVE_ONLY_CONFIG_KEYS`) and generation defaults
-    (generation_config.json, bar its transformers_version) must be equal and every tokenizer file the same bytes, so
-    that the reloaded engine generates what one started on `wanted` would (tests/worker checks the tokens)."""
+    (generation_config.json, bar its transformers_version) must be equal, and every other file but the weights and
+    `_NOT_BEHAVIOUR` (tokenizer, chat templates, whatever format they come in) the same bytes, so that the reloaded
+    engine generates what one started on `wanted` would (tests/worker checks the tokens). Unseeded sampling draws
+    from the engine's running random state, as on any engine that has generated before."""
     a, b = Path(loaded), Path(wanted)
 
     def parsed(d: Path, name: str) -> dict | None:
@@ -237,7 +240,12 @@ def swap_blocker(loaded: str, wanted: str) -> str | None:
     for name in ("config.json", "generation_config.json"):
         if parsed(a, name) != parsed(b, name):
             return f"{name} differs"
-    for name in _TOKENIZER_FILES:
+    def others(d: Path) -> set[str]:
+        return {f.relative_to(d).as_posix() for f in d.rglob("*") if f.is_file()
+                and f.name not in ("config.json", "generation_config.json", *_NOT_BEHAVIOUR)
+                and not f.name.endswith(_WEIGHTS)}
+
+    for name in sorted(others(a) | others(b)):
         fa, fb = a / name, b / name
         if fa.is_file() != fb.is_file() or (fa.is_file() and fa.read_bytes() != fb.read_bytes()):
             return f"{name} differs"
@@ -265,11 +273,16 @@ class EnginePool:
         cap = self.cfg.vllm.max_engines if self.cfg.backend == "vllm" else None
         while cap is not None and len(self._engines) >= cap:
             old_path = next(iter(self._engines))
+            try:
+                blocker = swap_blocker(old_path, path) if hasattr(self._engines[old_path], "serve_checkpoint") \
+                    else "the engine cannot reload weights"
+            except ValueError as e:     # an unreadable config: no swap; starting an engine on it reports it
+                blocker = str(e)
             old = self._engines.pop(old_path)
-            if hasattr(old, "serve_checkpoint") and swap_blocker(old_path, path) is None:
+            if blocker is None:
                 try:
                     old.serve_checkpoint(path)
-                except BaseException:   # half-loaded weights: the engine serves neither checkpoint
+                except BaseException:   # the reload failed (maybe half-way): the engine is closed, not reused
                     if hasattr(old, "close"):
                         old.close()
                     self.closed += 1

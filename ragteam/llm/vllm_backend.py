@@ -246,7 +246,9 @@ class VLLMEngine(AdapterSwitch):
         self._engine_call(self.llm.collective_rpc, "reload_weights",
                           kwargs=dict(weights_path=str(d.resolve()), is_checkpoint_format=True))
         self._engine_call(self.llm.collective_rpc, _retie_output_embeddings)
-        self.llm.reset_prefix_cache()
+        if self.llm.reset_prefix_cache() is False:   # requests in flight: cached prefixes of the old weights stay
+            raise RuntimeError(f"vLLM engine on {self.model_path}: its prefix cache could not be reset after loading "
+                               f"{d}; its outputs would mix both checkpoints")
 
     def serve_checkpoint(self, weights_dir: str | Path) -> None:
         """Serve another checkpoint from now on (`EnginePool`'s swap; `ragteam.llm.swap_blocker` decides when that
