@@ -66,6 +66,16 @@ def test_every_training_stage_has_its_compared_keys():
         compared_keys("train_other")
 
 
+def test_a_training_stage_without_compared_keys_fails_before_it_trains(tmp_path, monkeypatch):
+    from stages.common import stage_main
+
+    ran = []
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KeyError, match="no compared metrics for stage 'train_new'"):
+        stage_main("train_new", "x", lambda params: ran.append(params) or {})
+    assert ran == [] and not (tmp_path / "metrics").exists()
+
+
 def _declared(root: Path) -> dict[str, Path]:
     out = {}
     for name, st in _stages().items():

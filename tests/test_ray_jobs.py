@@ -95,10 +95,11 @@ def test_a_failed_job_fails_the_stage_with_its_status_and_log_tail_and_a_rerun_r
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("{}\n")
     with pytest.raises(SystemExit) as exit_:
-        stage_main("train_x", "x-agent", lambda params: run_openrlhf([job], "train_x", cfg))
+        # a training stage's name (stage_main fails at once for a stage without declared metrics, stages.common)
+        stage_main("train_judge", "x-agent", lambda params: run_openrlhf([job], "train_x", cfg))
     line = str(exit_.value.code)
     # the rerun ran it again (a retry), as the job's second attempt
-    assert line == (f"train_x FAILED (models/agents/x-agent left untouched): train_x: OpenRLHF job 1/1: Ray job "
+    assert line == (f"train_judge FAILED (models/agents/x-agent left untouched): train_x: OpenRLHF job 1/1: Ray job "
                     f"{sid}-2 on {ray_address} ended FAILED: Job entrypoint command failed with exit code 3; last log "
                     f"lines: about to fail")
     assert not (tmp_path / "metrics").exists()
