@@ -38,6 +38,7 @@ start=$(date +%s)
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 # The editable install writes ragteam.egg-info into the checkout, and `make` builds both environments at once: the
 # two scripts' editable installs take turns on .setup.lock (flock; without flock, e.g. on macOS, they run as they come).
+source scripts/install_pinned.sh     # uv, else pip: the same pins and hashes
 locked() { if command -v flock >/dev/null 2>&1; then flock .setup.lock "$@"; else "$@"; fi; }
 .venv/bin/python -m pip install -q "pip==26.3"
 torch_variant=${RAGTEAM_TORCH:-cpu}
@@ -45,7 +46,7 @@ torch_variant=${RAGTEAM_TORCH:-cpu}
   echo "setup: RAGTEAM_TORCH must be cpu or cuda, not '$torch_variant'" >&2; exit 2; }
 if [[ "$torch_variant" == cpu && "$have" == 3.11 && "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
   echo "setup: installing requirements.lock (CPU torch, exact versions, hashes checked)"
-  .venv/bin/python -m pip install -q --no-deps --require-hashes -r requirements.lock
+  install_pinned .venv --require-hashes -r requirements.lock
   locked .venv/bin/python -m pip install -q --no-deps -e .
 else
   echo "setup: WARNING: no lock for torch=$torch_variant, Python $have, $(uname -s)-$(uname -m): installing" \

@@ -44,6 +44,7 @@ fi
 
 # The editable install writes ragteam.egg-info into the checkout, and `make` builds both environments at once: the
 # two scripts' editable installs take turns on .setup.lock (flock; without flock, e.g. on macOS, they run as they come).
+source scripts/install_pinned.sh     # uv, else pip: the same pins
 locked() { if command -v flock >/dev/null 2>&1; then flock .setup.lock "$@"; else "$@"; fi; }
 stamp="$VENV/.ragteam-worker-$choice"
 fresh=1
@@ -66,7 +67,7 @@ rm -rf "$VENV"
 if [[ "$choice" == cuda ]]; then
   "$VENV/bin/python" -m pip install -q "$vllm_pin" -r requirements-worker.in
 else
-  "$VENV/bin/python" -m pip install -q --no-deps -r requirements-worker.txt
+  install_pinned "$VENV" -r requirements-worker.txt
 fi
 locked "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .   # setuptools from the lock, not the index
 # the engine path must import here: fail the setup, not the first stage that uses it

@@ -22,7 +22,8 @@ def fake_python(tmp: Path, version: str) -> Path:
 def run_setup(tmp: Path, version: str) -> subprocess.CompletedProcess:
     repo = tmp / "repo"
     (repo / "scripts").mkdir(parents=True)
-    shutil.copy(ROOT / "scripts/setup.sh", repo / "scripts/setup.sh")
+    for script in ("setup.sh", "install_pinned.sh"):
+        shutil.copy(ROOT / "scripts" / script, repo / "scripts" / script)
     shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
     return subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake_python(tmp, version))})
