@@ -1,8 +1,10 @@
 # Sourced by scripts/setup.sh and scripts/setup_worker.sh: install a file of exact pins into a venv with uv, falling
 # back to pip. The pins decide the environment; the installer only decides how long it takes. Both environments
 # from scratch on this 2-core machine (measured 2026-11-26, both at once as `make` builds them, cold uv cache):
-# uv 26 s against pip's 142 s with a warm pip cache. uv checks the same sha256 hashes (--require-hashes) and does
-# not write .pyc files at install (Python writes them at first import, as for any module).
+# uv 78 s against pip's 142 s with a warm pip cache. uv checks the same sha256 hashes (--require-hashes). It
+# compiles the .pyc files at install as pip does (--compile-bytecode): where PYTHONDONTWRITEBYTECODE is set (this
+# machine sets it) nothing else writes them, and every stage's process compiled its imports again (vLLM's engine
+# took 85 s to start instead of 38 s; without it uv's install took 26 s).
 #
 # install_pinned VENV [pip/uv options...] -r FILE
 UV_PIN="uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19"
@@ -17,7 +19,7 @@ install_pinned() {
   [[ -n "${PIP_EXTRA_INDEX_URL:-}" ]] && for u in $PIP_EXTRA_INDEX_URL; do links+=(--extra-index-url "$u"); done
   tool=$(mktemp); echo "$UV_PIN" > "$tool"
   if [[ "${RAGTEAM_INSTALLER:-uv}" == uv ]] && "$py" -m pip install -q --no-deps --require-hashes -r "$tool" \
-      && "$venv/bin/uv" pip install -q --python "$py" --no-deps "${links[@]}" "$@"; then
+      && "$venv/bin/uv" pip install -q --compile-bytecode --python "$py" --no-deps "${links[@]}" "$@"; then
     rm -f "$tool"; return 0
   fi
   rm -f "$tool"

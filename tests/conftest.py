@@ -15,8 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads were 3-6x slower on 2 busy cores
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# tests/worker runs vLLM for real: it is the worker environment's suite (`make test` runs it second, with
-# .venv-worker/bin/python); the orchestrator environment has no vllm and does not collect it
+# tests/worker runs vLLM for real: it is the worker environment's suite (`make test` runs it beside this one,
+# with .venv-worker/bin/python); the orchestrator environment has no vllm and does not collect it
 collect_ignore = ["worker"] if importlib.util.find_spec("vllm") is None else []
 
 

@@ -44,8 +44,9 @@ def test_uv_installs_the_pins_with_the_hashes_and_pips_find_links(tmp_path):
     done, calls = install(tmp_path, uv_rc=0, PIP_EXTRA_INDEX_URL="https://download.pytorch.org/whl/cpu")
     assert done.returncode == 0, done.stderr
     assert any(c.startswith("uv==0.13.9 --hash=sha256:") for c in calls)        # uv itself is pinned and hashed
+    # .pyc at install as pip writes them: with PYTHONDONTWRITEBYTECODE set nothing else would
     [uv] = [c for c in calls if c.startswith("uv ")]
-    assert uv == (f"uv pip install -q --python {tmp_path}/venv/bin/python --no-deps --find-links /opt/wheels "
+    assert uv == (f"uv pip install -q --compile-bytecode --python {tmp_path}/venv/bin/python --no-deps --find-links /opt/wheels "
                   "--find-links /srv/more --find-links wheels "
                   "--extra-index-url https://download.pytorch.org/whl/cpu --require-hashes -r requirements.lock")
     assert not [c for c in calls if c.startswith("python -m pip install -q --no-deps --require-hashes -r requirements")]

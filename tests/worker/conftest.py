@@ -1,5 +1,5 @@
 """The worker environment's suite: vLLM's CPU build run for real on SmolLM2 (`make test` runs it with
-.venv-worker/bin/python after the main suite). Engine start-ups dominate the time (~15-30 s each on 2 busy cores), so
+.venv-worker/bin/python beside the main suite). Engine start-ups dominate the time (~15-30 s each on 2 busy cores), so
 one engine serves the whole session; only the crash test starts its own.
 """
 from __future__ import annotations
