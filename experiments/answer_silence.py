@@ -99,10 +99,12 @@ def measure(team, prompts: list, reward, samples: int, temperature: float, max_n
     }
 
 
-def continuation_probe(model_path: str, prompts: list, greedy: list[str], max_new: int, ks=(1, 2, 3)) -> dict:
+def continuation_probe(model_path: str, prompts: list, greedy: list[str], max_new: int, ks=(1, 2, 3),
+                       resamples: int = 4) -> dict:
     """For the greedy stubs: continue each once inside its assistant turn (`continue_final_message`), EOS forbidden
     for the first k new tokens (`min_new_tokens`), within the role's remaining budget; the share that then parses
-    to an answer, and the F1 of those answers (percent)."""
+    to an answer, and the F1 of those answers (percent). Two more rules side by side: `repeat` continues again
+    while the text is still a stub, within the budget; `resample` draws up to `resamples` fresh answers at T 0.8."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -132,7 +134,64 @@ def continuation_probe(model_path: str, prompts: list, greedy: list[str], max_ne
                 f1s.append(f1_score(y, golds))
         out[f"min{k}"] = {"answered": round(100 * got / len(stubs), 2),
                           "f1_of_answered": round(100 * sum(f1s) / max(len(f1s), 1), 2), "examples": texts[:4]}
+    out["repeat"] = _rule_probe(stubs, lambda msgs, text: _repeat(model, tok, msgs, text, max_new))
+    out["resample"] = _rule_probe(stubs, lambda msgs, text: _resample(model, tok, msgs, max_new, resamples))
     return out
+
+
+def _rule_probe(stubs: list, rule) -> dict:
+    """Answered share and F1 of the answers when each greedy stub is replaced by `rule(messages, stub)`'s text."""
+    from ragteam.agents.maps import parse_answer
+    from ragteam.eval.metrics import f1_score
+
+    got, f1s, texts = 0, [], []
+    for msgs, golds, text in stubs:
+        full = rule(msgs, text)
+        texts.append(full)
+        y = parse_answer(full)
+        if isinstance(y, str):
+            got += 1
+            f1s.append(f1_score(y, golds))
+    return {"answered": round(100 * got / len(stubs), 2),
+            "f1_of_answered": round(100 * sum(f1s) / max(len(f1s), 1), 2), "examples": texts[:4]}
+
+
+def _repeat(model, tok, msgs: list, text: str, max_new: int) -> str:
+    """Continue with EOS forbidden for one token, again while the text is still a stub, until the role's budget
+    (counted from the first stub's tokens) is spent: a stop rule that cannot end on a lead-in."""
+    import torch
+
+    used = len(tok(text, add_special_tokens=False).input_ids)
+    while is_stub(text) and used < max_new:
+        ids = tok.apply_chat_template([*msgs, {"role": "assistant", "content": text}], continue_final_message=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        with torch.inference_mode():
+            gen = model.generate(ids, max_new_tokens=max_new - used, min_new_tokens=1, do_sample=False,
+                                 pad_token_id=tok.pad_token_id)
+        new = gen[0, ids.shape[1]:]
+        used += int(new.shape[0])
+        text += tok.decode(new, skip_special_tokens=True)
+    return text
+
+
+def _resample(model, tok, msgs: list, max_new: int, n: int, temperature: float = 0.8, seed: int = 0) -> str:
+    """Draw up to n fresh samples of the whole answer (training's temperature, seeded) and keep the first that
+    parses to an answer; the last draw when none does."""
+    import torch
+
+    from ragteam.agents.maps import parse_answer
+
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    torch.manual_seed(seed)
+    text = ""
+    for _ in range(n):
+        with torch.inference_mode():
+            gen = model.generate(ids, max_new_tokens=max_new, do_sample=True, temperature=temperature, top_k=0,
+                                 top_p=1.0, pad_token_id=tok.pad_token_id)
+        text = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+        if isinstance(parse_answer(text), str):
+            break
+    return text
 
 
 def table(result: dict) -> str:
@@ -147,6 +206,16 @@ def table(result: dict) -> str:
         for name, m in sets.items():
             cells = ["–" if m[k] is None else f"{m[k]:g}" for k, _ in cols]
             lines.append(f"| {model} | {name} | {m['prompts']} | " + " | ".join(cells) + " |")
+    probes = [(model, name, m["continuation"]) for model, sets in result["models"].items()
+              for name, m in sets.items() if m.get("continuation")]
+    if probes:
+        rules = [k for k in probes[0][2] if k != "stubs"]
+        lines += ["", "Greedy stubs and what each inference rule makes of them: answered % / F1 of the answered",
+                  "", "| model | prompts | greedy stubs | " + " | ".join(rules) + " |",
+                  "|---|---|---:|" + "---:|" * len(rules)]
+        for model, name, c in probes:
+            cells = [f"{c[r]['answered']:g} / {c[r]['f1_of_answered']:g}" for r in rules]
+            lines.append(f"| {model} | {name} | {c['stubs']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -182,7 +251,7 @@ def main() -> None:
     for spec in a.model:
         name, path = spec.split("=", 1)
         path = str(a.workspace / path) if not Path(path).is_absolute() else path
-        pool = EnginePool(EngineConfig(**{**llm.model_dump(exclude={"model", "sampling"}), "device": "cpu"}))
+        pool = EnginePool(EngineConfig(**{**llm.model_dump(exclude={"model", "sampling", "stages"}), "device": "cpu"}))
         team = pool.team({}, path, {})
         result["models"][name] = {}
         for set_name, prompts in sets.items():

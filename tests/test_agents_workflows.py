@@ -113,32 +113,42 @@ def test_maps_format_errors_use_the_documented_fallbacks():
     assert ep.meta["format_errors"] == 4           # 2 query + 1 judge + 1 answer
 
 
-def test_a_lead_in_is_continued_once_before_it_is_read():
-    """"Answer:" then EOS is not an answer: the answer step continues it once inside the same assistant turn, EOS
-    forbidden for the first token, within what is left of the budget; the call keeps the lead-in. A continuation
-    that is still a stub stays no answer (one try, no loop); a real answer is never continued."""
+def test_a_lead_in_is_continued_until_it_answers_or_its_budget_is_spent():
+    """"Answer:" then EOS is not an answer: the answer step continues it inside the same assistant turn, EOS
+    forbidden for the first token, within what is left of the budget, and again while the text is still a stub;
+    the call keeps the answer-less text it continued. A stub that never answers stops when the role's budget is
+    spent and stays no answer; a real answer is never continued."""
     from ragteam.agents.core import LEAD_IN_MIN_TOKENS, continue_lead_ins
     from ragteam.llm import Completion, SamplingConfig
 
     def reply(role, m):
         if role == "answer_agent" and m[-1]["role"] == "assistant":        # the continuation of a lead-in
-            return {"Answer:": " ans1", "The answer is:": " the answer is:"}[m[-1]["content"]]
+            text = m[-1]["content"]
+            if text.startswith("Final answer:"):
+                return " answer:"                                         # never answers
+            return {"Answer:": " ans1", "The answer is:": "\n", "The answer is:\n": "ans2"}[text]
         if role == "answer_agent":
-            return {0: "ans0", 1: "Answer:", 2: "The answer is:"}[qidx(m)]
-        return maps_reply({0: 0, 1: 0, 2: 0})(role, m)
+            return {0: "ans0", 1: "Answer:", 2: "The answer is:", 3: "Final answer:"}[qidx(m)]
+        return maps_reply({0: 0, 1: 0, 2: 0, 3: 0})(role, m)
 
     eng = ScriptedEngine(reply)
     team = Team(eng, {"answer_agent": SamplingConfig(max_new_tokens=24)})
-    eps = run_maps(rows(3), team, corpus(3, 2, 1), MapsConfig(max_rounds=1, top_k=1))
-    assert [e.final_answer for e in eps] == ["ans0", "ans1", ""]
+    eps = run_maps(rows(4), team, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+    assert [e.final_answer for e in eps] == ["ans0", "ans1", "ans2", ""]
     answers = [e.calls[-1] for e in eps]
-    assert [c.meta.get("lead_in") for c in answers] == [None, "Answer:", "The answer is:"]
+    assert [c.meta.get("lead_in") for c in answers[:3]] == [None, "Answer:", "The answer is:\n"]
     assert answers[1].response == "Answer: ans1" and answers[1].format_error is None
-    assert answers[2].format_error.startswith(maps.LEAD_IN_ERROR)       # still a stub after its one try
-    # one call, then one per distinct budget left: "Answer:" used 2 tokens (22 left), "The answer is:" 4 (20 left)
-    assert eng.steps("answer_agent") == [3, 1, 1]
-    assert [(s.max_new_tokens, s.min_new_tokens, s.n) for s in eng.samplings[-2:]] == \
-        [(22, LEAD_IN_MIN_TOKENS, 1), (20, LEAD_IN_MIN_TOKENS, 1)]          # EOS may not end the first new token
+    assert answers[2].response == "The answer is:\nans2"   # a line break, then the answer in its second round
+    assert answers[3].format_error.startswith(maps.LEAD_IN_ERROR)       # still a stub when the budget ran out
+    # tokens (scripted: words + 1 per completion): "Final answer:" 3, each " answer:" continuation 2 -> 11 rounds
+    # reach 25 >= 24, and the next round is not asked for
+    assert answers[3].completion_tokens == 25 and answers[3].response.count("answer:") == 12
+    steps = eng.steps("answer_agent")
+    # the first call; round 1: one call per distinct budget left; round 2: both stubs left have 19; then 9 rounds
+    assert steps[:5] == [4, 1, 1, 1, 2] and steps[5:] == [1] * 9
+    # round 1's budgets: "Answer:" 22 left, "The answer is:" 20, "Final answer:" 21
+    conts = [(s.max_new_tokens, s.n) for s in eng.samplings if s.min_new_tokens == LEAD_IN_MIN_TOKENS]
+    assert len(conts) == len(steps) - 1 and sorted(conts[:3]) == [(20, 1), (21, 1), (22, 1)] and conts[3] == (19, 1)
     # token ids: the lead-in's EOS is dropped, the continuation's ids follow; n samples are continued one by one
     lead = Completion("Answer:", 5, 2, "stop", token_ids=(7, 2))
     more = Team(lambda _role: type("E", (), {"generate": lambda self, p, s: [

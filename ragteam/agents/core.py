@@ -113,30 +113,40 @@ def continue_lead_ins(team: Team, role: str, prompts: Sequence[Messages], outs: 
                       is_stub: Callable[[str], bool], sampling: SamplingConfig | None = None
                       ) -> list[list[Completion]]:
     """A lead-in is not an answer: every completion for which `is_stub(text)` holds (it announced an answer, e.g.
-    "Answer:", and stopped) is continued once inside its own assistant turn, with EOS forbidden for the first
-    `LEAD_IN_MIN_TOKENS` new tokens and at most what is left of the role's token budget; the rest pass unchanged.
-    One batched engine call per distinct budget left (stubs are short: usually one call), with the role's sampling
-    (`sampling` overrides it; n = 1 each, since each stub is continued on its own). A continued completion keeps
-    its prompt, joins text, token counts and ids (the lead-in's EOS dropped), and records the lead-in
-    (`Completion.lead_in`). Its text may still be a stub ("Answer: Answer:"): it is tried once, never in a loop.
+    "Answer:", and stopped) is continued inside its own assistant turn, with EOS forbidden for the first
+    `LEAD_IN_MIN_TOKENS` new tokens, and continued again while its text is still a stub ("Answer:\n", "Answer:
+    Answer:"), until the role's token budget (`max_new_tokens`, counted over the whole completion) is spent: a stop
+    rule that cannot end on a lead-in while budget is left. A completion that is not a stub is never continued.
+    Each round is one batched engine call per distinct budget left (stubs are short: usually one call), with the
+    role's sampling (`sampling` overrides it; n = 1 each, since each stub is continued on its own). A continued
+    completion keeps its prompt, joins text, token counts and ids (each lead-in's EOS dropped), and records the
+    answer-less text it continues (`Completion.lead_in`). A stub that used up its budget stays no answer.
 
-    Why: a trained MAPS answer agent wrote "Answer:" and EOS on a third of the default run's questions, and a greedy
-    continuation that may not stop at once completes 9 of 13 of them (experiments/answer_silence.md)."""
+    Why: a trained MAPS answer agent wrote "Answer:" and EOS on a third of the default run's questions; one greedy
+    continuation that may not stop at once completed 9 of 13 of them, and the rest stayed stubs after it
+    (experiments/answer_silence.md)."""
     base = sampling or team.sampling_for(role)
-    todo = [(i, j) for i, group in enumerate(outs) for j, c in enumerate(group) if is_stub(c.text)]
     result = [list(group) for group in outs]
-    if not todo:
-        return result
-    by_room: dict[int, list[tuple[int, int]]] = {}
-    for i, j in todo:
-        room = max(base.max_new_tokens - outs[i][j].completion_tokens, LEAD_IN_MIN_TOKENS)
-        by_room.setdefault(room, []).append((i, j))
-    for room, items in by_room.items():
-        s = base.model_copy(update={"n": 1, "max_new_tokens": room, "min_new_tokens": LEAD_IN_MIN_TOKENS})
-        more = team.complete(role, [[*prompts[i], {"role": "assistant", "content": outs[i][j].text}]
-                                    for i, j in items], s)
-        for (i, j), c in zip(items, more):
-            result[i][j] = _joined(outs[i][j], c)
+
+    def pending() -> list[tuple[int, int]]:
+        return [(i, j) for i, group in enumerate(result) for j, c in enumerate(group)
+                if is_stub(c.text) and (c.lead_in is None or c.completion_tokens < base.max_new_tokens)]
+
+    todo = pending()
+    for _ in range(base.max_new_tokens + 1):   # a round adds >= 1 token to each stub it continues: bounded anyway
+        if not todo:
+            break
+        by_room: dict[int, list[tuple[int, int]]] = {}
+        for i, j in todo:
+            room = max(base.max_new_tokens - result[i][j].completion_tokens, LEAD_IN_MIN_TOKENS)
+            by_room.setdefault(room, []).append((i, j))
+        for room, items in by_room.items():
+            s = base.model_copy(update={"n": 1, "max_new_tokens": room, "min_new_tokens": LEAD_IN_MIN_TOKENS})
+            more = team.complete(role, [[*prompts[i], {"role": "assistant", "content": result[i][j].text}]
+                                        for i, j in items], s)
+            for (i, j), c in zip(items, more):
+                result[i][j] = _joined(result[i][j], c)
+        todo = pending()
     return result
 
 
