@@ -133,6 +133,8 @@ def test_parse_answer_caps_a_single_long_sentence_and_rejects_empty():
     ("Sure! The answer to the question is:\n\n**London**", "London"),
     ("Question: Who wrote it?\nAda Lovelace", "Ada Lovelace"),                # an echoed prompt line is skipped
     ("Answer:\nThe answer is:\nLondon", "London"),
+    ("(no new documents)\nLondon", "London"),                               # the pool's marker copied back
+    ("No new documents were written about London", "No new documents were written about London"),
     ("no", "no"), ("Yes.", "Yes"), ("Time: 10:30", "Time: 10:30"),            # short answers and colons survive
 ])
 def test_parse_answer_reads_past_lead_ins(raw, answer):
@@ -143,9 +145,11 @@ def test_parse_answer_reads_past_lead_ins(raw, answer):
     "The answer to this question is:", "The answer to this question is", "Based on the documents:",
     'Doc 1(Title: "Ed Wood"): Ed Wood is a 1994 film', "Doc 3 (title: Paris) ...", "Question: who directed it?",
     "The answer to this question is:\nThe answer is:",
+    "(no new documents)", "Answer: (no new documents)", "The answer is:\n(No new documents.)",
 ])
 def test_parse_answer_rejects_outputs_with_no_answer(raw):
     assert isinstance(maps.parse_answer(raw), FormatError), raw
+    assert maps.is_stub(raw) == (not raw.startswith("Doc ")), raw   # a stub a continuation or a draw may still fix
 
 
 # ---- debate ---------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from ragteam.agents import maps
 from ragteam.agents.baselines import BaselineConfig, run_iter_retgen, run_native, run_standard_rag
 from ragteam.agents.debate import DebateConfig, debate_snapshots, run_debate
 from ragteam.agents.maps_workflow import MapsConfig, run_maps
-from ragteam.llm import Team
+from ragteam.llm import Completion, Team
 from ragteam.records import read_episodes, write_episodes
 
 
@@ -158,6 +158,110 @@ def test_a_lead_in_is_continued_until_it_answers_or_its_budget_is_spent():
                                  SamplingConfig(max_new_tokens=8, n=2))
     assert (a.text, a.token_ids, a.completion_tokens, a.lead_in) == ("Answer: x", (7, 9, 2), 4, "Answer:")
     assert b.text == "y" and b.lead_in is None
+
+
+class DrawingEngine(ScriptedEngine):
+    """A ScriptedEngine whose calls of n > 1 (the answer fallback's draws) return `draws[question]`."""
+
+    def __init__(self, reply, draws):
+        super().__init__(reply)
+        self.draws = draws
+
+    def generate(self, prompts, sampling):
+        if sampling.n == 1:
+            return super().generate(prompts, sampling)
+        self.log.append(("answer_agent", len(prompts)))
+        self.samplings.append(sampling)
+        return [[Completion(t, 5, len(t.split()) + 1, "stop") for t in self.draws[qidx(m)]] for m in prompts]
+
+
+def test_an_output_that_still_gives_no_answer_is_replaced_by_the_first_fresh_sample_that_parses():
+    """The answer fallback (llm.answer_fallback): after the lead-in continuation, an answer call that still gives no
+    answer (a stub to the end of its budget, an empty output) gets `samples` fresh draws of its prompt in one engine
+    call at the fallback's temperature, seeded; the first draw that parses answers, every token spent is counted and
+    the call records the stub. No draw parses: the stub stays no answer. A real answer never goes there, and a
+    trainer's Team (token ids kept) or a Team without a fallback never resamples."""
+    from ragteam.llm import AnswerFallback, SamplingConfig, call_seed
+
+    def reply(role, m):
+        if role == "answer_agent" and m[-1]["role"] == "assistant":
+            return " answer:"                                          # a continuation that never answers
+        if role == "answer_agent":
+            return {0: "ans0", 1: "Answer:", 2: "", 3: "The answer is:"}[qidx(m)]
+        return maps_reply({i: 0 for i in range(4)})(role, m)
+
+    draws = {1: ["", "Answer:", "drawn1", "late"], 2: ['Doc 1(Title: "x"): y', "drawn2", "x", "y"],
+             3: ["Answer:", "", "The answer is", "(no new documents)"]}
+    fb = AnswerFallback(samples=4, temperature=0.8, top_p=0.9, seed=5)
+    eng = DrawingEngine(reply, draws)
+    team = Team(eng, {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=fb)
+    eps = run_maps(rows(4), team, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+    assert [e.final_answer for e in eps] == ["ans0", "drawn1", "drawn2", ""]
+    answers = [e.calls[-1] for e in eps]
+    assert "resampled" not in answers[0].meta and answers[0].completion_tokens == 2
+    assert answers[1].meta["resampled"] == {"from": "Answer: answer: answer: answer:", "draw": 3, "of": 4}
+    assert answers[2].meta["resampled"] == {"from": "", "draw": 2, "of": 4}
+    assert answers[3].meta["resampled"]["draw"] == 0 and answers[3].format_error.startswith(maps.LEAD_IN_ERROR)
+    assert answers[1].response == "drawn1" and answers[1].format_error is None
+    # every token spent: the stub continued to its budget (2 + 3 x 2 = 8), then the 4 draws (1 + 2 + 2 + 2)
+    assert answers[1].completion_tokens == 8 + 7 and answers[2].completion_tokens == 1 + 5 + 2 + 2 + 2
+    fallback_calls = [s for s in eng.samplings if s.n > 1]
+    assert len(fallback_calls) == 1 and eng.log[-1] == ("answer_agent", 3)      # one call for the three
+    s = fallback_calls[0]
+    assert (s.n, s.temperature, s.top_p, s.max_new_tokens, s.min_new_tokens) == (4, 0.8, 0.9, 8, 0)
+    n_before = len(eng.samplings) - 1                   # the Team's calls before the fallback's: its seed
+    assert s.seed == call_seed(5, "answer_agent", n_before)
+    # the same run again draws with the same seed; a trainer's Team or one without a fallback never resamples
+    for other in (Team(DrawingEngine(reply, draws), {"answer_agent": SamplingConfig(max_new_tokens=8)},
+                       fallback=fb, keep_token_ids=True),
+                  Team(DrawingEngine(reply, draws), {"answer_agent": SamplingConfig(max_new_tokens=8)})):
+        eps2 = run_maps(rows(4), other, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+        assert [e.final_answer for e in eps2] == ["ans0", "", "", ""]
+        assert all(sp.n == 1 for sp in other.engine("answer_agent").samplings)
+        assert not any("resampled" in c.meta for e in eps2 for c in e.calls)
+    again = DrawingEngine(reply, draws)
+    run_maps(rows(4), Team(again, {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=fb),
+             corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+    assert [x.seed for x in again.samplings if x.n > 1] == [s.seed]
+    # samples 0: off
+    off = DrawingEngine(reply, draws)
+    eps3 = run_maps(rows(4), Team(off, {"answer_agent": SamplingConfig(max_new_tokens=8)},
+                                  fallback=AnswerFallback(samples=0)),
+                    corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+    assert [e.final_answer for e in eps3] == ["ans0", "", "", ""] and all(x.n == 1 for x in off.samplings)
+
+
+def test_the_evaluation_counts_a_resampled_answer_as_a_format_error_and_reports_the_share_answered_so():
+    from ragteam.eval.evaluate import silence, summarize
+    from ragteam.llm import AnswerFallback, SamplingConfig
+
+    def reply(role, m):
+        if role == "answer_agent":
+            return {0: "ans0", 1: "", 2: ""}[qidx(m)]
+        return maps_reply({i: 0 for i in range(3)})(role, m)
+
+    team = Team(DrawingEngine(reply, {1: ["ans1", "x"], 2: ["Answer:", ""]}),
+                {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=AnswerFallback(samples=2))
+    eps = run_maps(rows(3), team, corpus(3, 2, 1), MapsConfig(max_rounds=1, top_k=1, judge_initial=False))
+    assert [e.final_answer for e in eps] == ["ans0", "ans1", ""]
+    assert [silence(e) for e in eps] == [{"no_answer": 0.0, "format_error_questions": 0.0},
+                                         {"no_answer": 0.0, "format_error_questions": 1.0},
+                                         {"no_answer": 1.0, "format_error_questions": 1.0}]
+    out = summarize(eps)
+    assert out["resampled_questions"] == round(100 * 2 / 3, 2) and out["resampled_answered"] == round(100 / 3, 2)
+
+
+def test_the_engine_pool_gives_its_teams_the_answer_fallback_seeded_by_llm_seed():
+    from ragteam.llm import AnswerFallback, EngineConfig, EnginePool, LLMConfig
+
+    team = EnginePool(LLMConfig(seed=11), loader=lambda p, c: None).team({}, "m")
+    assert team.fallback == AnswerFallback(samples=4, temperature=0.8, top_p=1.0, seed=11)
+    team = EnginePool(LLMConfig(seed=11, answer_fallback={"samples": 2, "seed": 3}),
+                      loader=lambda p, c: None).team({}, "m")
+    assert (team.fallback.samples, team.fallback.seed) == (2, 3)
+    assert EnginePool(EngineConfig(), loader=lambda p, c: None).team({}, "m").fallback is None
+    with pytest.raises(ValueError, match="samples"):
+        LLMConfig(answer_fallback={"samples": -1})
 
 
 def test_episode_records_cost_and_round_trip(tmp_path):

@@ -222,7 +222,7 @@ def test_evaluate_stage_writes_episodes_metrics_report_and_plots(tmp_path, capsy
     # silence: every question answered ("ans0" or "no"); the no-answer rate has its interval and paired difference
     assert metrics["maps"]["avg"]["no_answer"] == 0.0 and metrics["maps"]["avg"]["no_answer_ci"] == [0.0, 0.0]
     assert d["avg"]["no_answer"]["diff"] == 0.0 and "## Questions without an answer" in md
-    assert "| maps | 4 | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | – |" in md
+    assert "| maps | 4 | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] | 0.0 | – |" in md
     # progress while a system runs: one line per engine call (maps: query, judge, answer over 4 questions)
     log = capsys.readouterr().out
     assert "evaluate: maps: query_agent on 4 prompts" in log and "evaluate: maps: answer_agent on 4 prompts" in log

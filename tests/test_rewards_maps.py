@@ -102,7 +102,7 @@ CORRECT_LONG = ("The person who wrote the first published algorithm for the Anal
 DEGENERATE = ["The answer to this question is:", "Answer:", "", "   \n  ", "\n\n", "**Answer:**",
               'Doc 1(Title: "Ada Lovelace"): Augusta Ada King', "Doc 2(Title: Charles Babbage) ...",
               "Based on the given documents, the answer is:", "Question: who wrote the first algorithm?",
-              "The answer to this question is:\nThe answer is:"]
+              "The answer to this question is:\nThe answer is:", "(no new documents)", "Answer: (no new documents)"]
 
 
 @pytest.mark.parametrize("equation", ["stage1", "stage2"])

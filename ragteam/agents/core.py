@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ragteam.llm import Completion, Messages, SamplingConfig, Team
+from ragteam.llm import Completion, Messages, SamplingConfig, Team, call_seed
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit, Retriever
 
@@ -161,6 +161,44 @@ def _joined(lead: Completion, cont: Completion) -> Completion:
                    lead_in=lead.text)
 
 
+def resample_no_answers(team: Team, role: str, prompts: Sequence[Messages], outs: Sequence[Completion],
+                        parsers: Sequence[Callable[[str], Any]], sampling: SamplingConfig | None = None,
+                        keep_stop: bool = False) -> tuple[list[Completion], dict[int, dict]]:
+    """The answer fallback (`llm.answer_fallback`, `ragteam.llm.AnswerFallback`): every output whose parse
+    (`parsers[i]`) is a FormatError (no answer: a stub its continuation did not complete, an empty output, a copied
+    passage header) gets `samples` fresh completions of its prompt at the fallback's temperature and top-p, all in
+    one engine call (n = samples, the role's token budget, seeded by `call_seed(fallback.seed, role, call number)`, so
+    a rerun draws the same ones); the first draw that parses replaces it. The replacement counts every token
+    generated for it (the stub's and all the draws') and keeps the stub's text in its record
+    (`{index: {"from": stub, "draw": d, "of": samples}}`, 1-based d; d = 0 when no draw parsed and the stub stays).
+
+    Off (outputs unchanged) for a Team without a fallback or with `samples` 0, and for a Team that keeps token ids
+    (a trainer's rollouts score what the policy drew: a resample would hide the stub from its reward). `keep_stop`:
+    each text is parsed with the stop string that ended it, as `llm_step` then reads it."""
+    def fails(parse: Callable[[str], Any], c: Completion) -> bool:
+        return isinstance(parse(c.text + (c.stop_reason or "") if keep_stop else c.text), FormatError)
+
+    fb = team.fallback
+    result = list(outs)
+    if fb is None or fb.samples == 0 or team.keep_token_ids:
+        return result, {}
+    todo = [i for i, (o, parse) in enumerate(zip(outs, parsers)) if fails(parse, o)]
+    if not todo:
+        return result, {}
+    base = sampling or team.sampling_for(role)
+    s = base.model_copy(update={"n": fb.samples, "temperature": fb.temperature, "top_p": fb.top_p,
+                                "min_new_tokens": 0, "seed": call_seed(fb.seed, role, team.n_calls)})
+    draws = team.generate(role, [list(prompts[i]) for i in todo], s)
+    info: dict[int, dict] = {}
+    for i, group in zip(todo, draws):
+        spent = outs[i].completion_tokens + sum(c.completion_tokens for c in group)
+        pick = next((d for d, c in enumerate(group, start=1) if not fails(parsers[i], c)), 0)
+        info[i] = {"from": outs[i].text, "draw": pick, "of": fb.samples}
+        chosen = group[pick - 1] if pick else outs[i]
+        result[i] = replace(chosen, completion_tokens=spent, logprobs=None)
+    return result, info
+
+
 def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequence[Messages],
              parse: Callable[[str], Any] | Sequence[Callable[[str], Any]], sampling: SamplingConfig | None = None,
              keep_stop: bool = False, continue_if: Callable[[str], bool] | None = None, **meta: Any
@@ -168,8 +206,9 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
     """One batched engine call for `role` over `episodes`; each gets an AgentCall with the parsed output.
 
     `parse` is one parser for every output, or one per episode (a parser that depends on the episode's state).
-    `continue_if` (answering roles: `maps.is_stub`): outputs it flags are continued once (`continue_lead_ins`)
-    before they are parsed; the call records the lead-in in `meta["lead_in"]`.
+    `continue_if` (answering roles: `maps.is_stub`): outputs it flags are continued (`continue_lead_ins`) before they
+    are parsed; the call records the lead-in in `meta["lead_in"]`. An answering role's output that then still does
+    not parse goes to the Team's answer fallback (`resample_no_answers`), recorded in `meta["resampled"]`.
 
     `sampling` overrides the role's settings. With `keep_stop` the stop string that ended a completion is kept at
     the end of the response (the model did generate it; multi-turn agents act on it) and `meta["finish"]` records
@@ -186,13 +225,18 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
     outs = team.complete(role, list(prompts), sampling)
     if continue_if is not None:
         outs = [g[0] for g in continue_lead_ins(team, role, prompts, [[o] for o in outs], continue_if, sampling)]
+    resampled: dict[int, dict] = {}
+    if continue_if is not None:
+        outs, resampled = resample_no_answers(team, role, prompts, outs, parsers, sampling, keep_stop)
     share = (time.perf_counter() - t0) / len(episodes)
     calls = []
     keep = team.keep_token_ids
-    for ep, msgs, out, parse_one in zip(episodes, prompts, outs, parsers):
+    for k, (ep, msgs, out, parse_one) in enumerate(zip(episodes, prompts, outs, parsers)):
         text, call_meta = out.text, dict(meta)
         if out.lead_in is not None:
             call_meta["lead_in"] = out.lead_in
+        if k in resampled:
+            call_meta["resampled"] = resampled[k]
         if keep_stop:
             text += out.stop_reason or ""
             call_meta["finish"] = ("stop_string" if out.stop_reason else

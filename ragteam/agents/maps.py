@@ -167,6 +167,8 @@ _DOC_HEADER = re.compile(r"^\W*doc(?:ument)?\s*\d+\s*\(\s*title\s*:", re.IGNOREC
 # words and name the answer or its source; an answer made of nothing else is a stub, not an answer.
 # Lines that echo the prompt (`Question: ...`, `Query 2: ...`, `Retrieved Content:`) are not the model's answer.
 _ECHO = re.compile(r"^\W*(?:question|query\s*\d*|retrieved\s+content)\s*:", re.IGNORECASE)
+# the pool's own marker for a query that added nothing (`agents.core.QueryPool.render`), copied back: no answer
+_NO_DOCS_ECHO = re.compile(r"^\W*no\s+new\s+documents\W*$", re.IGNORECASE)
 _LEAD_NOUNS = frozenset("answer answers question questions document documents doc docs information context based "
                         "according provided given following response".split())
 _LEAD_WORDS = STOPWORDS | _LEAD_NOUNS | frozenset("final correct short here sure okay ok".split())
@@ -199,7 +201,8 @@ def parse_answer(text: str, max_words: int = MAX_ANSWER_WORDS) -> str | FormatEr
     question is: X" -> X). A line that is only a lead-in ("The answer to this question is:") hands over to the next
     line, so an answer written below its lead-in is read. No answer at all is a FormatError: an empty output, a
     lead-in with nothing after it (the stub a policy learned when the stub was read as its answer), a copied
-    passage header (`Doc 1(Title: ...`); lines that echo the prompt (`Question: ...`) are skipped. Wrapping quotes, markdown and a final period are removed; an over-long
+    passage header (`Doc 1(Title: ...`); lines that echo the prompt (`Question: ...`, the pool's `(no new documents)`)
+    are skipped. Wrapping quotes, markdown and a final period are removed; an over-long
     answer is cut to its first sentence, then to `max_words` words.
     """
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -210,11 +213,11 @@ def parse_answer(text: str, max_words: int = MAX_ANSWER_WORDS) -> str | FormatEr
         line = lines[i]
         if _DOC_HEADER.match(line):
             return FormatError(f"a copied passage header, not an answer: {line[:80]!r}")
-        if _ECHO.match(line):
+        if _ECHO.match(line) or _NO_DOCS_ECHO.match(line):
             i += 1
             continue
         answer = _strip_lead(line).strip("*\"'` ").strip()
-        if answer and not is_lead_in(answer.rstrip(":").strip()):
+        if answer and not is_lead_in(answer.rstrip(":").strip()) and not _NO_DOCS_ECHO.match(answer):
             break
         answer, i = "", i + 1
     if not answer:

@@ -8,7 +8,8 @@ judge's calls are not part of a system's cost.
 
 Silence is a result: per question, `no_answer` (the final answer is empty after normalisation: nothing was
 answered, so EM = F1 = 0 by construction) and `format_error_questions` (any call of the question broke its role's
-format, whatever fallback the workflow then applied); both are summarised in percent with intervals and paired
+format, whatever fallback the workflow then applied, the answer fallback's resampling included:
+`resampled_questions` counts those, `resampled_answered` those where a draw answered); both are summarised in percent with intervals and paired
 differences like EM and F1. `no_answer_reason` says why a question has no answer, so a zero score reads as what it
 is (a workflow's documented fallback such as SuRe's "no candidate, empty answer", or a model that wrote nothing
 parseable).
@@ -257,7 +258,14 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
 def silence(ep: Episode) -> dict[str, float]:
     """The per-question silence flags (module docstring): no answer, and a format error in any call."""
     return {"no_answer": float(not has_answer(ep.final_answer)),
-            "format_error_questions": float(any(c.format_error is not None for c in ep.calls))}
+            "format_error_questions": float(any(c.format_error is not None or "resampled" in c.meta
+                                                for c in ep.calls))}
+
+
+def resampled(ep: Episode) -> bool:
+    """Some answering call of `ep` gave no answer and went to the answer fallback (`llm.answer_fallback`,
+    `agents.core.resample_no_answers`): its broken output counts as a format error, whatever the draws gave."""
+    return any("resampled" in c.meta for c in ep.calls)
 
 
 def _error_kind(reason: str) -> str:
@@ -305,6 +313,10 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     flags = [silence(ep) for ep in episodes]   # from the episode itself: also right for files scored before
     for k in SILENCE_KEYS:
         out[k] = round(100 * _mean([f[k] for f in flags]), 2)
+    # questions whose answer came through the answer fallback, and those where a draw answered
+    out["resampled_questions"] = round(100 * _mean([resampled(ep) for ep in episodes]), 2)
+    out["resampled_answered"] = round(100 * _mean([any(c.meta.get("resampled", {}).get("draw", 0) > 0
+                                                       for c in ep.calls) for ep in episodes]), 2)
     for k in OPTIONAL_SCORE_KEYS:
         if episodes and all(k in ep.metrics for ep in episodes):
             out[k] = round(100 * _mean([ep.metrics[k] for ep in episodes]), 2)

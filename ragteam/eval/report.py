@@ -93,12 +93,13 @@ def workflow_table(metrics: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
 def silence_markdown(metrics: Mapping, benchmarks: Sequence[str], reasons: Mapping[str, Mapping[str, int]]
                      ) -> str:
     """Rows = systems: the share of questions with no answer and of questions with a format error in any call, per
-    benchmark and on the average, with their intervals, then why the unanswered questions have no answer (the most
+    benchmark and on the average, with their intervals; the share answered by the answer fallback's draws
+    (`llm.answer_fallback`: the model's own output gave none); then why the unanswered questions have no answer (the most
     frequent reasons, with counts)."""
     cols = [*benchmarks, "avg"]
     head = (["Method", "n"] + [f"{display(b) if b != 'avg' else 'Avg'} no answer %" for b in cols]
-            + ["Avg format error q %", "why no answer (questions)"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---:"] + ["---:"] * (len(cols) + 1) + ["---"])
+            + ["Avg format error q %", "Avg answered by resampling %", "why no answer (questions)"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---:"] + ["---:"] * (len(cols) + 2) + ["---"])
              + "|"]
     for system, per in metrics.items():
         if "no_answer" not in per["avg"]:
@@ -107,7 +108,8 @@ def silence_markdown(metrics: Mapping, benchmarks: Sequence[str], reasons: Mappi
         text = "; ".join(f"{r} ({k})" for r, k in list(why.items())[:3]) + (" …" if len(why) > 3 else "")
         cells = [system, str(int(per["avg"]["n"]))]
         cells += [_with_ci(per[b], "no_answer") if b in per else "–" for b in cols]
-        cells += [_with_ci(per["avg"], "format_error_questions"), text.replace("|", "/") or "–"]
+        fallback = _num(per["avg"]["resampled_answered"], 1) if "resampled_answered" in per["avg"] else "–"
+        cells += [_with_ci(per["avg"], "format_error_questions"), fallback, text.replace("|", "/") or "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -191,7 +193,9 @@ def report_markdown(metrics: Mapping, benchmarks: Sequence[str], context: Mappin
                   "A question has no answer when its final answer is empty after normalisation: EM and F1 are 0 by "
                   "construction, so a low score can be silence rather than wrong answers. Intervals as above. The "
                   "last column gives the most frequent reasons: a workflow's documented fallback (empty by "
-                  "construction), or the role whose output could not be parsed and what was wrong with it.", "",
+                  "construction), or the role whose output could not be parsed and what was wrong with it. Answered "
+                  "by resampling: questions whose answering call gave no answer, even continued, and one of the "
+                  "answer fallback's fresh samples (`llm.answer_fallback`) did; they count as format errors.", "",
                   silence_markdown(metrics, benchmarks, reasons or {}), ""]
     if differences:
         parts += ["## Differences", "", differences_markdown(differences, benchmarks), "",

@@ -53,6 +53,23 @@ class SamplingConfig(Strict):
         return v
 
 
+class AnswerFallback(Strict):
+    """What an answering role does when its output, continued (`agents.core.continue_lead_ins`), still gives no
+    answer (a lead-in stub, an empty output, a copied passage header): `samples` fresh completions of the same prompt
+    in one engine call at `temperature` / `top_p`, the first that parses is the answer
+    (`agents.core.resample_no_answers`). 0 samples: off, the call keeps its no answer. `seed`: the draws' seed
+    (None: `llm.seed`), so a rerun draws the same samples. Inference only: trainers' policy samples are scored as
+    drawn (a stub keeps its penalty), and a Team without it (every trainer's rollouts) never resamples.
+
+    Why: a trained MAPS answer agent's greedy output was a stub on 34 % of real held-out questions; continuing it
+    answered 79 % of them, 4 draws at T 0.8 all of them (experiments/answer_silence.md)."""
+
+    samples: int = Field(4, ge=0)
+    temperature: float = Field(0.8, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+
+
 class RayOptions(Strict):
     """vLLM engines as Ray actors (`ragteam.llm.ray_engines`): `engines` > 1 puts that many engines of each model
     behind one Engine, a call's prompts spread over them and a policy's weights broadcast to all."""
@@ -100,6 +117,7 @@ class LLMConfig(EngineConfig):
     # evaluate_agents, train_query) or train_joint (every joint system's frozen roles; the policy's own rollouts
     # follow joint.ppo.rollout_backend), chosen from benchmarks/engines.py's table
     stages: dict[str, Literal["hf", "vllm"]] = Field(default_factory=dict)
+    answer_fallback: AnswerFallback = AnswerFallback()   # answering roles at inference: no answer -> fresh samples
 
     def for_stage(self, stage: str) -> LLMConfig:
         """These settings with the engine `stages` names for `stage` (a name, or its family: `train_joint` for
@@ -306,8 +324,12 @@ class EnginePool:
 
     def team(self, role_models: Mapping[str, str], default_model: str,
              sampling: Mapping[str, SamplingConfig] | None = None) -> Team:
-        """A Team where `role` runs on role_models.get(role, default_model)."""
-        return Team(lambda role: self.get(role_models.get(role, default_model)), sampling)
+        """A Team where `role` runs on role_models.get(role, default_model), with the pool's `answer_fallback`
+        (an `LLMConfig`'s, its seed defaulting to `llm.seed`; none for a bare `EngineConfig`)."""
+        fallback = getattr(self.cfg, "answer_fallback", None)
+        if fallback is not None and fallback.seed is None:
+            fallback = fallback.model_copy(update={"seed": self.cfg.seed})
+        return Team(lambda role: self.get(role_models.get(role, default_model)), sampling, fallback=fallback)
 
     @property
     def loaded(self) -> list[str]:
@@ -328,14 +350,17 @@ class Team:
     `keep_token_ids` (trainers): workflows copy each Completion's token ids onto its AgentCall
     (`ragteam.agents.core.llm_step`), for the loss to score the sampled ids. Off elsewhere: a paper-scale evaluation
     holds a system's tens of thousands of episodes at once, and their prompt ids would take gigabytes.
+
+    `fallback` (inference Teams from `EnginePool.team`): what answering roles do with an output that gives no answer
+    (`AnswerFallback`); None: nothing, as in every trainer's rollouts.
     """
 
     def __init__(self, engines: Engine | Callable[[str], Engine],
                  sampling: Mapping[str, SamplingConfig] | None = None, seed: int | None = None,
-                 keep_token_ids: bool = False):
+                 keep_token_ids: bool = False, fallback: AnswerFallback | None = None):
         self._engine_for = engines if callable(engines) and not hasattr(engines, "generate") else (lambda _r: engines)
         self.sampling = dict(sampling or {})
-        self.seed, self.keep_token_ids = seed, keep_token_ids
+        self.seed, self.keep_token_ids, self.fallback = seed, keep_token_ids, fallback
         self.calls: dict[str, int] = {}
         self.n_calls = 0  # engine calls so far, every role: k of call_seed(seed, k)
         # called after every engine call with (role, prompts, seconds): progress of long runs (stage evaluate)
