@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+ROLE = "answer_agent"
+
 
 def is_stub(text: str) -> bool:
     """No answer because the output only announces one (the failure issue 27 reports): `maps.is_stub`."""
@@ -99,99 +101,55 @@ def measure(team, prompts: list, reward, samples: int, temperature: float, max_n
     }
 
 
-def continuation_probe(model_path: str, prompts: list, greedy: list[str], max_new: int, ks=(1, 2, 3),
-                       resamples: int = 4) -> dict:
-    """For the greedy stubs: continue each once inside its assistant turn (`continue_final_message`), EOS forbidden
-    for the first k new tokens (`min_new_tokens`), within the role's remaining budget; the share that then parses
-    to an answer, and the F1 of those answers (percent). Two more rules side by side: `repeat` continues again
-    while the text is still a stub, within the budget; `resample` draws up to `resamples` fresh answers at T 0.8."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def continuation_probe(team, prompts: list, greedy: list, max_new: int, ks=(1, 2, 3), resamples: int = 4,
+                       seed: int = 0) -> dict:
+    """For the greedy stubs (`greedy`: the engine's Completions): continue each once inside its assistant turn, EOS
+    forbidden for the first k new tokens, within the role's remaining budget; the share that then parses to an
+    answer, and the F1 of those answers (percent). Then the pipeline's own rules, through the same Team:
+    `repeat` is `agents.core.continue_lead_ins` (again while the text is still a stub, within the budget);
+    `resample` is `agents.core.resample_no_answers` on the greedy stub (`resamples` fresh draws at T 0.8, seeded);
+    `repeat+resample` is what an answering call does at inference (`llm_step`: the continuation, then the answer
+    fallback for what is still no answer)."""
+    from ragteam.agents.core import continue_lead_ins, resample_no_answers
     from ragteam.agents.maps import parse_answer
-    from ragteam.eval.metrics import f1_score
+    from ragteam.llm import AnswerFallback, SamplingConfig, Team
 
-    stubs = [(m, g, t) for (m, g), t in zip(prompts, greedy) if is_stub(t)]
+    stubs = [(m, g, c) for (m, g), c in zip(prompts, greedy) if is_stub(c.text)]
     if not stubs:
         return {}
-    tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    out = {"stubs": len(stubs)}
+    msgs = [m for m, _, _ in stubs]
+    out: dict = {"stubs": len(stubs)}
     for k in ks:
-        got, f1s, texts = 0, [], []
-        for msgs, golds, text in stubs:
-            ids = tok.apply_chat_template([*msgs, {"role": "assistant", "content": text}], continue_final_message=True,
-                                          return_tensors="pt", return_dict=True)["input_ids"]
-            used = len(tok(text, add_special_tokens=False).input_ids)
-            with torch.inference_mode():
-                gen = model.generate(ids, max_new_tokens=max(k, max_new - used), min_new_tokens=k, do_sample=False,
-                                     pad_token_id=tok.pad_token_id)
-            full = text + tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
-            y = parse_answer(full)
-            texts.append(full)
-            if isinstance(y, str):
-                got += 1
-                f1s.append(f1_score(y, golds))
-        out[f"min{k}"] = {"answered": round(100 * got / len(stubs), 2),
-                          "f1_of_answered": round(100 * sum(f1s) / max(len(f1s), 1), 2), "examples": texts[:4]}
-    out["repeat"] = _rule_probe(stubs, lambda msgs, text: _repeat(model, tok, msgs, text, max_new))
-    out["resample"] = _rule_probe(stubs, lambda msgs, text: _resample(model, tok, msgs, max_new, resamples))
+        more = [team.complete(ROLE, [[*m, {"role": "assistant", "content": c.text}]], SamplingConfig(
+            max_new_tokens=max(k, max_new - c.completion_tokens), min_new_tokens=k, temperature=0.0))[0]
+            for m, _, c in stubs]
+        out[f"min{k}"] = _scored(stubs, [c.text + x.text for (_, _, c), x in zip(stubs, more)])
+    greedy_s = SamplingConfig(max_new_tokens=max_new, temperature=0.0)
+    repeated = [g[0] for g in continue_lead_ins(team, ROLE, msgs, [[c] for _, _, c in stubs], is_stub, greedy_s)]
+    out["repeat"] = _scored(stubs, [c.text for c in repeated])
+    drawing = Team(lambda role: team.engine(role), {ROLE: greedy_s},
+                   fallback=AnswerFallback(samples=resamples, temperature=0.8, seed=seed))
+    parsers = [parse_answer] * len(stubs)
+    fresh, _ = resample_no_answers(drawing, ROLE, msgs, [c for _, _, c in stubs], parsers)
+    out["resample"] = _scored(stubs, [c.text for c in fresh])
+    both, _ = resample_no_answers(drawing, ROLE, msgs, repeated, parsers)
+    out["repeat+resample"] = _scored(stubs, [c.text for c in both])
     return out
 
 
-def _rule_probe(stubs: list, rule) -> dict:
-    """Answered share and F1 of the answers when each greedy stub is replaced by `rule(messages, stub)`'s text."""
+def _scored(stubs: list, texts: list[str]) -> dict:
+    """Answered share of the stubs and F1 of the answers (percent) when each stub's text becomes `texts[i]`."""
     from ragteam.agents.maps import parse_answer
     from ragteam.eval.metrics import f1_score
 
-    got, f1s, texts = 0, [], []
-    for msgs, golds, text in stubs:
-        full = rule(msgs, text)
-        texts.append(full)
+    got, f1s = 0, []
+    for (_, golds, _), full in zip(stubs, texts):
         y = parse_answer(full)
         if isinstance(y, str):
             got += 1
             f1s.append(f1_score(y, golds))
     return {"answered": round(100 * got / len(stubs), 2),
             "f1_of_answered": round(100 * sum(f1s) / max(len(f1s), 1), 2), "examples": texts[:4]}
-
-
-def _repeat(model, tok, msgs: list, text: str, max_new: int) -> str:
-    """Continue with EOS forbidden for one token, again while the text is still a stub, until the role's budget
-    (counted from the first stub's tokens) is spent: a stop rule that cannot end on a lead-in."""
-    import torch
-
-    used = len(tok(text, add_special_tokens=False).input_ids)
-    while is_stub(text) and used < max_new:
-        ids = tok.apply_chat_template([*msgs, {"role": "assistant", "content": text}], continue_final_message=True,
-                                      return_tensors="pt", return_dict=True)["input_ids"]
-        with torch.inference_mode():
-            gen = model.generate(ids, max_new_tokens=max_new - used, min_new_tokens=1, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)
-        new = gen[0, ids.shape[1]:]
-        used += int(new.shape[0])
-        text += tok.decode(new, skip_special_tokens=True)
-    return text
-
-
-def _resample(model, tok, msgs: list, max_new: int, n: int, temperature: float = 0.8, seed: int = 0) -> str:
-    """Draw up to n fresh samples of the whole answer (training's temperature, seeded) and keep the first that
-    parses to an answer; the last draw when none does."""
-    import torch
-
-    from ragteam.agents.maps import parse_answer
-
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    torch.manual_seed(seed)
-    text = ""
-    for _ in range(n):
-        with torch.inference_mode():
-            gen = model.generate(ids, max_new_tokens=max_new, do_sample=True, temperature=temperature, top_k=0,
-                                 top_p=1.0, pad_token_id=tok.pad_token_id)
-        text = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
-        if isinstance(parse_answer(text), str):
-            break
-    return text
 
 
 def table(result: dict) -> str:
@@ -227,7 +185,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=None, help="per prompt (default: train_answer's num_generations)")
     ap.add_argument("--limit", type=int, default=0, help="first n prompts of each set (0 = all)")
     ap.add_argument("--probe-continuation", action="store_true",
-                    help="continue each greedy stub once with EOS forbidden for 1-3 tokens (continuation_probe)")
+                    help="what each inference rule makes of the greedy stubs (continuation_probe)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
 
@@ -251,17 +209,17 @@ def main() -> None:
     for spec in a.model:
         name, path = spec.split("=", 1)
         path = str(a.workspace / path) if not Path(path).is_absolute() else path
-        pool = EnginePool(EngineConfig(**{**llm.model_dump(exclude={"model", "sampling", "stages"}), "device": "cpu"}))
+        pool = EnginePool(EngineConfig(**{**llm.model_dump(exclude={"model", "sampling", "stages", "answer_fallback"}), "device": "cpu"}))
         team = pool.team({}, path, {})
         result["models"][name] = {}
         for set_name, prompts in sets.items():
             print(f"{name}: {set_name} ({len(prompts)} prompts) ...", flush=True)
             m = measure(team, prompts, rewards[set_name], samples, g.temperature, g.max_completion_length, g.seed)
             if a.probe_continuation:
-                greedy = [c[0].text for c in team.generate("answer_agent", [p for p, _ in prompts], SamplingConfig(
-                    max_new_tokens=llm.sampling["answer_agent"].max_new_tokens, temperature=0.0))]
-                m["continuation"] = continuation_probe(path, prompts, greedy,
-                                                       llm.sampling["answer_agent"].max_new_tokens)
+                greedy = [c[0] for c in team.generate(ROLE, [p for p, _ in prompts], SamplingConfig(
+                    max_new_tokens=llm.sampling[ROLE].max_new_tokens, temperature=0.0))]
+                m["continuation"] = continuation_probe(team, prompts, greedy, llm.sampling[ROLE].max_new_tokens,
+                                                       seed=llm.seed)
             result["models"][name][set_name] = m
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "silence.json").write_text(json.dumps(result, indent=1))
