@@ -40,8 +40,11 @@ BENCHMARKS = ["hotpotqa", "2wikimultihopqa"]
 UNTRAINED, TRAINED = "maps_untrained", "maps"
 # no_answer: the final answer is empty; format_error_questions: some call broke its format (issue 27); paired like
 # the scores
-KEYS = ("em", "f1", "no_answer", "format_error_questions")
-LABEL = {"em": "EM", "f1": "F1", "no_answer": "No answer %", "format_error_questions": "Format error q %"}
+# resampled: the answer came from the answer fallback's draws (llm.answer_fallback; the model's own output, continued,
+# gave none)
+KEYS = ("em", "f1", "no_answer", "format_error_questions", "resampled")
+LABEL = {"em": "EM", "f1": "F1", "no_answer": "No answer %", "format_error_questions": "Format error q %",
+         "resampled": "Answered by resampling %"}
 
 
 def workspace(agents: Path, work: Path, seed: int, n: int, first: bool, query_from: Path | None) -> Path:
@@ -90,7 +93,8 @@ def run_seed(work: Path, logs: Path, train_query: bool) -> None:
 
 def write_scores(results: Path, out: Path) -> dict:
     """The per-question record kept in git (the Episodes stay in the work dir: ~3 MB per system): for every system
-    and benchmark of an evaluate run, each question's id, final answer, EM, F1 and no answer (0-1)."""
+    and benchmark of an evaluate run, each question's id, final answer, EM, F1, no answer, a format error in any call
+    and an answer from the answer fallback's draws (0-1)."""
     from ragteam.eval.evaluate import question_scores
     from ragteam.records import read_episodes
 
@@ -102,6 +106,8 @@ def write_scores(results: Path, out: Path) -> dict:
                 sys.exit(f"{path}: missing (the seed's evaluate did not finish)")
             eps = read_episodes(path)
             q = question_scores(eps)
+            q["resampled"] = [float(any(c.meta.get("resampled", {}).get("draw", 0) > 0 for c in e.calls))
+                              for e in eps]
             kept.setdefault(sdir.name, {})[b] = [
                 {"id": e.question_id, "answer": e.final_answer, **{k: q[k][i] for k in KEYS}}
                 for i, e in enumerate(eps)]

@@ -234,7 +234,7 @@ def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
     kept = json.loads((tmp_path / "seed0/scores.json").read_text())
     assert sorted(kept) == ["maps", "maps_untrained"]
     assert kept["maps"]["hotpotqa"][0] == {"id": "q0", "answer": "a0", "em": 1.0, "f1": 1.0, "no_answer": 0.0,
-                                           "format_error_questions": 0.0}
+                                           "format_error_questions": 0.0, "resampled": 0.0}
     assert r["untrained_from"] == "seed0" and r["n"] == [n, n]
     s0, s1, pooled = r["per_seed"]["0"], r["per_seed"]["1"], r["pooled"]
     assert s0["hotpotqa"]["em"]["diff"][0] == pytest.approx(20.0) and s0["2wikimultihopqa"]["em"]["diff"][0] == 50.0
@@ -252,6 +252,25 @@ def test_team_summary_pairs_every_seed_with_the_one_untrained_run(tmp_path):
     # every answer differs ("a0", "a1", ...): the most common one holds 2 of 40 (a<i> once per benchmark)
     assert r["top_answer"]["maps (seed0)"] == {"answer": "a0", "count": 2, "n": 40, "share": 5.0}
     assert "| maps_untrained (seed0) | 'a0' | 2 of 40 (5.0 %) |" in md
+
+
+def test_scores_keep_the_questions_answered_by_the_answer_fallback(tmp_path):
+    from ragteam.records import AgentCall, Episode, write_episodes
+
+    def ep(i, meta):
+        e = Episode(question_id=f"q{i}", question="q?", golden_answers=["a"], system="maps", final_answer="a",
+                    metrics={"em": 1.0, "f1": 1.0})
+        e.add_call(AgentCall(role="answer_agent", prompt=[], response="a", parsed="a", meta=meta))
+        return e
+
+    metas = [{}, {"resampled": {"from": "Answer:", "draw": 2, "of": 4}},
+             {"resampled": {"from": "", "draw": 0, "of": 4}}]
+    for b in team.BENCHMARKS:
+        write_episodes(tmp_path / "res/maps" / f"{b}.jsonl", [ep(i, m) for i, m in enumerate(metas)])
+    kept = team.write_scores(tmp_path / "res", tmp_path / "scores.json")
+    rows = kept["maps"]["hotpotqa"]
+    assert [r["resampled"] for r in rows] == [0.0, 1.0, 0.0]           # a draw answered only the second
+    assert [r["format_error_questions"] for r in rows] == [0.0, 1.0, 1.0]   # both went to the fallback
 
 
 def test_team_summary_shows_a_stub_answer_that_replaced_silence(tmp_path):
