@@ -223,10 +223,9 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
         raise ValueError(f"llm_step({role}): {len(parsers)} parsers for {len(episodes)} episodes")
     t0 = time.perf_counter()
     outs = team.complete(role, list(prompts), sampling)
-    if continue_if is not None:
-        outs = [g[0] for g in continue_lead_ins(team, role, prompts, [[o] for o in outs], continue_if, sampling)]
     resampled: dict[int, dict] = {}
-    if continue_if is not None:
+    if continue_if is not None:   # an answering role: a lead-in is continued, then no answer is resampled
+        outs = [g[0] for g in continue_lead_ins(team, role, prompts, [[o] for o in outs], continue_if, sampling)]
         outs, resampled = resample_no_answers(team, role, prompts, outs, parsers, sampling, keep_stop)
     share = (time.perf_counter() - t0) / len(episodes)
     calls = []

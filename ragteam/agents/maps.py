@@ -202,8 +202,8 @@ def parse_answer(text: str, max_words: int = MAX_ANSWER_WORDS) -> str | FormatEr
     line, so an answer written below its lead-in is read. No answer at all is a FormatError: an empty output, a
     lead-in with nothing after it (the stub a policy learned when the stub was read as its answer), a copied
     passage header (`Doc 1(Title: ...`); lines that echo the prompt (`Question: ...`, the pool's `(no new documents)`)
-    are skipped. Wrapping quotes, markdown and a final period are removed; an over-long
-    answer is cut to its first sentence, then to `max_words` words.
+    are skipped. Wrapping quotes, markdown and a final period are removed; an over-long answer is cut to its first
+    sentence, then to `max_words` words.
     """
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:

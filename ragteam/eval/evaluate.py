@@ -9,8 +9,8 @@ judge's calls are not part of a system's cost.
 Silence is a result: per question, `no_answer` (the final answer is empty after normalisation: nothing was
 answered, so EM = F1 = 0 by construction) and `format_error_questions` (any call of the question broke its role's
 format, whatever fallback the workflow then applied, the answer fallback's resampling included:
-`resampled_questions` counts those, `resampled_answered` those where a draw answered); both are summarised in percent with intervals and paired
-differences like EM and F1. `no_answer_reason` says why a question has no answer, so a zero score reads as what it
+`resampled_questions` counts those, `resampled_answered` those where a draw answered); both are summarised in
+percent with intervals and paired differences like EM and F1. `no_answer_reason` says why a question has no answer, so a zero score reads as what it
 is (a workflow's documented fallback such as SuRe's "no candidate, empty answer", or a model that wrote nothing
 parseable).
 """

@@ -94,8 +94,8 @@ def silence_markdown(metrics: Mapping, benchmarks: Sequence[str], reasons: Mappi
                      ) -> str:
     """Rows = systems: the share of questions with no answer and of questions with a format error in any call, per
     benchmark and on the average, with their intervals; the share answered by the answer fallback's draws
-    (`llm.answer_fallback`: the model's own output gave none); then why the unanswered questions have no answer (the most
-    frequent reasons, with counts)."""
+    (`llm.answer_fallback`: the model's own output gave none); then why the unanswered questions have no answer
+    (the most frequent reasons, with counts)."""
     cols = [*benchmarks, "avg"]
     head = (["Method", "n"] + [f"{display(b) if b != 'avg' else 'Avg'} no answer %" for b in cols]
             + ["Avg format error q %", "Avg answered by resampling %", "why no answer (questions)"])
