@@ -1,6 +1,7 @@
 """Stage warmup_joint@<system> (issue 25 §2): the format warm-up of a joint system's shared policy, SFT (LoRA, loss
 on each role's output tokens only) on its oracle traces, stopped once the held-out format error rate is below
-`warmup.format_threshold` or at `warmup.sft.steps` (`ragteam.warmup.sft`). train_joint@<system> starts from it.
+`warmup.format_threshold` (the mean over roles, or every role's: `warmup.stop_when`) or at `warmup.sft.steps`
+(`ragteam.warmup.sft`); `warmup.systems.<system>` overrides keys for one system. train_joint@<system> starts from it.
 
 Usage: python -m stages.warmup_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Writes models/warmup/<system>
 (LoRA merged, safetensors + model card), reports/training/warmup_joint_<system>.csv (+ PNG) and
@@ -41,7 +42,7 @@ def run(system_name: str, params: dict) -> dict[str, Any]:
     from ragteam.warmup.oracle import oracle_system
     from ragteam.warmup.traces import read_traces
 
-    wp = parse_section(params, "warmup", WarmupParams)
+    wp = parse_section(params, "warmup", WarmupParams).for_system(system_name)
     out = WARMUP_DIR / system_name
     if not wp.enabled:
         with atomic_dir(out) as tmp:
@@ -57,7 +58,8 @@ def run(system_name: str, params: dict) -> dict[str, Any]:
     stage = f"warmup_joint_{system_name}"
     print(f"{stage}: SFT on the oracle traces of {len({r['question_id'] for r in traces})} questions "
           f"({len(traces)} rows), at most {wp.rows_per_role} per role, until the held-out format error rate is below "
-          f"{wp.format_threshold} or {wp.sft.steps} steps", flush=True)
+          f"{wp.format_threshold} ({'every role' if wp.stop_when == 'every_role' else 'mean over roles'}) or "
+          f"{wp.sft.steps} steps", flush=True)
     result = train_warmup(system, traces, llm.model, str(CHECKPOINTS / stage), wp, dict(llm.sampling), llm,
                           run_tag={"system": system_name})
     rows = curve(result.log_history)

@@ -133,6 +133,60 @@ def test_warmup_probes_every_step_and_stops_at_the_threshold_or_the_cap(tiny_lla
     assert probes == [(2, 0.5), (3, 0.1)] and res.extra["stopped_by"] == "threshold"   # every 2, and at the cap
 
 
+def test_every_role_stops_only_when_no_role_is_left_above_the_threshold():
+    """DECOR's lock run: the Filter failed half its probe rows while the mean over roles was 17 %; the mean rule
+    stopped there, the per-role rule does not."""
+    filter_bad = {"format_error_rate": 0.1667, f"format_error/{D.PLANNER}": 0.0, f"format_error/{D.FILTER}": 0.5,
+                  f"format_error/{D.ANSWERER}": 0.0}
+    clean = {**filter_bad, "format_error_rate": 0.0, f"format_error/{D.FILTER}": 0.0}
+    mean, every = _params(), _params(stop_when="every_role")
+    assert mean.below_threshold(filter_bad) and not every.below_threshold(filter_bad)
+    assert mean.below_threshold(clean) and every.below_threshold(clean)
+    # exactly at the threshold is not below it, and a probe without per-role rates never ends an every_role run
+    assert not every.below_threshold({**clean, f"format_error/{D.FILTER}": 0.2})
+    assert not every.below_threshold({"format_error_rate": 0.0})
+
+
+def test_the_warmup_under_every_role_trains_on_while_one_role_still_fails(tiny_llama, tmp_path, monkeypatch):
+    from ragteam.warmup import sft as W
+
+    system = oracle_system("decor", PARAMS)
+    roles = [f"format_error/{r}" for r in D.POLICY_ROLES]
+    # before step 1, after steps 1, 2, 3: the mean is below 0.2 from step 1, the last role clears at step 3
+    seq = iter([[1.0, 1.0, 1.0], [0.0, 0.5, 0.0], [0.0, 0.25, 0.0], [0.0, 0.0, 0.0]])
+
+    def probe(self, model):
+        rates = next(seq)
+        return {"format_error_rate": sum(rates) / 3, **dict(zip(roles, rates))}
+
+    monkeypatch.setattr(W.FormatProbe, "__call__", probe)
+    res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "a"),
+                         _params(stop_when="every_role"), {"default": SamplingConfig(max_new_tokens=4)}, CPU)
+    assert res.global_step == 3 and res.extra["stopped_by"] == "threshold"
+    assert W.stopped_at_threshold(tmp_path / "a" / "checkpoint-3", _params(stop_when="every_role").below_threshold)
+    assert not W.stopped_at_threshold(tmp_path / "a" / "checkpoint-2", _params(stop_when="every_role").below_threshold)
+
+
+def test_per_system_overrides_merge_key_by_key_and_bad_ones_are_named():
+    from ragteam.config import ParamsError, parse_section
+
+    section = {**PARAMS["warmup"], "systems": {"decor": {"stop_when": "every_role", "sft": {"steps": 48}}}}
+    wp = parse_section({"warmup": section}, "warmup", WarmupParams)
+    decor, mask = wp.for_system("decor"), wp.for_system("mask")
+    assert decor.stop_when == "every_role" and decor.sft.steps == 48
+    assert decor.sft.lr == wp.sft.lr and decor.format_threshold == wp.format_threshold   # the rest is shared
+    assert mask == wp and mask.stop_when == PARAMS["warmup"].get("stop_when", "mean")
+    bad = [({"nosuch": {"stop_when": "every_role"}}, "no joint system 'nosuch'"),
+           ({"decor": {"questions": 10}}, "systems.decor.questions: not overridable"),
+           ({"decor": {"systems": {}}}, "systems.decor.systems: not overridable")]
+    for systems, msg in bad:
+        with pytest.raises(ParamsError, match=msg):
+            parse_section({"warmup": {**section, "systems": systems}}, "warmup", WarmupParams)
+    wp = parse_section({"warmup": {**section, "systems": {"decor": {"stop_when": "max"}}}}, "warmup", WarmupParams)
+    with pytest.raises(ParamsError, match=r"systems\.decor\.stop_when: Input should be .mean. or .every_role."):
+        wp.for_system("decor")
+
+
 def test_the_real_probe_runs_the_trainers_model_and_leaves_it_training(tiny_llama):
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -241,7 +295,7 @@ def test_a_rerun_of_a_warmup_that_stopped_at_the_threshold_loads_it_and_trains_n
     rates = iter([1.0, 0.5, 0.1])
     monkeypatch.setattr(W.FormatProbe, "__call__", lambda self, model: {"format_error_rate": next(rates)})
     first = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path), _params(), sampling, CPU)
-    assert first.global_step == 2 and W.stopped_at_threshold(tmp_path / "checkpoint-2", 0.2)
+    assert first.global_step == 2 and W.stopped_at_threshold(tmp_path / "checkpoint-2", _params().below_threshold)
     weights = {k: v.detach().clone() for k, v in first.model.named_parameters() if "lora" in k}
 
     def no_probe(self, model):

@@ -9,8 +9,10 @@ held-out format error rate.
 Every `probe_every` optimiser steps (and once before the first, with `probe_at_start`) `FormatProbe` has the policy
 answer the probe rows' prompts greedily with each role's own sampling settings as its workflow sends them (budget,
 stop strings) through the project's HF engine, and parses each output with the role's own parser: the held-out
-format error rate per role, and their mean. Training stops when the mean falls below `format_threshold`, or at
-`sft.steps` (the cap); a rerun of a warm-up that stopped at the threshold reloads it and trains no further. The
+format error rate per role, and their mean. Training stops when the mean falls below `format_threshold`
+(`stop_when: mean`), or when every role's rate does (`stop_when: every_role`: a role that fails half its rows cannot
+hide behind clean ones, as DECOR's Filter did at 50 % while the mean was 17 %), or at `sft.steps` (the cap); a
+rerun of a warm-up that stopped at the threshold reloads it and trains no further. The
 probe is greedy: the RL rollouts sample (temperature 1), and their own first-step format error rate
 (`metrics/train_joint_<system>.json`) says how much of the format survives sampling. Tokenising the prompt and the
 response apart is how the engines see a call (prompt ids, then sampled ids), so the warm-up teaches the very token
@@ -24,14 +26,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ragteam.agents.core import FormatError
-from ragteam.config import Strict
+from ragteam.config import Strict, deep_merge, parse_section
 from ragteam.llm import EngineConfig, SamplingConfig, Team, chat_text
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
 from ragteam.train.common import model_params
@@ -40,7 +42,8 @@ from ragteam.warmup.oracle import OracleSystem
 
 
 class WarmupParams(Strict):
-    """params.yaml `warmup` (shared by the four joint systems; `warmup.<system>` overrides single keys)."""
+    """params.yaml `warmup`, shared by the four joint systems; `systems.<system>` overrides single keys for one
+    system (`for_system`), e.g. `systems: {decor: {stop_when: every_role}}`."""
 
     enabled: bool = True                              # false: train_joint starts from llm.model (paper profile)
     questions: int = Field(96, ge=0)                  # first n pool questions traced (stage oracle_traces); 0 = all
@@ -49,8 +52,39 @@ class WarmupParams(Strict):
     probe_rows_per_role: int = Field(4, ge=1)         # held-out rows per role the probe answers
     probe_every: int = Field(8, ge=1)                 # optimiser steps between probes
     probe_at_start: bool = True                       # probe the start model too (format_error_rate_before)
-    format_threshold: float = Field(0.2, ge=0, le=1)  # stop once the probe's mean format error rate is below it
+    format_threshold: float = Field(0.2, ge=0, le=1)  # stop once the probe's format error rate is below it ...
+    stop_when: Literal["mean", "every_role"] = "mean"  # ... the mean over roles, or every role's own rate
     sft: SFTParams                                    # steps = the cap; lora: the warm-up's adapter (merged after)
+    systems: dict[str, dict[str, Any]] = Field(default_factory=dict)   # per-system overrides of the keys above
+
+    @model_validator(mode="after")
+    def _known_systems(self) -> WarmupParams:
+        from ragteam.warmup.oracle import SYSTEMS
+
+        unknown = sorted(set(self.systems) - set(SYSTEMS))
+        if unknown:
+            raise ValueError(f"systems: no joint system {', '.join(map(repr, unknown))} "
+                             f"(known: {', '.join(sorted(SYSTEMS))})")
+        for name, over in self.systems.items():
+            for key in ("systems", "questions"):   # questions: stage oracle_traces reads the shared value
+                if key in over:
+                    raise ValueError(f"systems.{name}.{key}: not overridable per system (set warmup.{key})")
+        return self
+
+    def for_system(self, name: str) -> WarmupParams:
+        """These params with `systems[name]`'s keys merged in (nested keys such as `sft.steps` key by key)."""
+        over = self.systems.get(name)
+        if not over:
+            return self
+        merged = deep_merge(self.model_dump(exclude={"systems"}), over)
+        return parse_section({"warmup": {"systems": {name: merged}}}, f"warmup.systems.{name}", WarmupParams)
+
+    def below_threshold(self, rates: Mapping[str, float]) -> bool:
+        """Whether a probe's rates (`FormatProbe.__call__`) end the warm-up under `stop_when`."""
+        if self.stop_when == "mean":
+            return rates["format_error_rate"] < self.format_threshold
+        per_role = [v for k, v in rates.items() if k.startswith("format_error/")]
+        return bool(per_role) and max(per_role) < self.format_threshold
 
 
 # ---- rows -----------------------------------------------------------------------------------------------------------
@@ -158,9 +192,10 @@ class FormatProbe:
                 **{f"format_error/{role}": round(v, 4) for role, v in rates.items()}}
 
 
-def probe_callback(probe: FormatProbe, every: int, threshold: float, at_start: bool = True):
+def probe_callback(probe: FormatProbe, every: int, done: Callable[[Mapping[str, float]], bool],
+                   at_start: bool = True):
     """A TrainerCallback: probe before the first step (`at_start`) and every `every` steps; log the rates into the
-    trainer's history; stop training once the mean rate is below `threshold`."""
+    trainer's history; stop training once `done(rates)` (`WarmupParams.below_threshold`)."""
     from transformers import TrainerCallback
 
     class FormatStop(TrainerCallback):
@@ -171,7 +206,7 @@ def probe_callback(probe: FormatProbe, every: int, threshold: float, at_start: b
                   + " ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in rates.items() if "/" in k), flush=True)
             for role, (reason, text) in getattr(probe, "failures", {}).items():   # what to fix, when it does not learn
                 print(f"warm-up:   {role}: {reason}: {text[:300]!r}", flush=True)
-            if rates["format_error_rate"] < threshold:
+            if done(rates):
                 control.should_training_stop = True
 
         def on_train_begin(self, args, state, control, model=None, **kw):
@@ -187,12 +222,13 @@ def probe_callback(probe: FormatProbe, every: int, threshold: float, at_start: b
     return FormatStop()
 
 
-def stopped_at_threshold(checkpoint: str | Path, threshold: float) -> bool:
-    """Whether the probe logged last in `checkpoint`'s trainer state (at its own step) was below `threshold`."""
+def stopped_at_threshold(checkpoint: str | Path, done: Callable[[Mapping[str, float]], bool]) -> bool:
+    """Whether the probe logged last in `checkpoint`'s trainer state (at its own step) ended the warm-up
+    (`done`, `WarmupParams.below_threshold`)."""
     state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
     probes = [h for h in state.get("log_history", []) if "format_error_rate" in h]
     return (bool(probes) and probes[-1]["step"] == state.get("global_step")
-            and probes[-1]["format_error_rate"] < threshold)
+            and done(probes[-1]))
 
 
 def load_checkpoint(model, checkpoint: str | Path) -> None:
@@ -235,11 +271,11 @@ def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, 
     fp = fingerprint(kind="warmup_sft", system=system.name, params=model_params(p.sft),
                      model=model_identity(model_path),
                      data=rows, probe=[[r["question_id"], r["role"]] for r in probe.rows],
-                     threshold=p.format_threshold, every=p.probe_every, tag=run_tag or {})
+                     threshold=p.format_threshold, stop_when=p.stop_when, every=p.probe_every, tag=run_tag or {})
     resume = prepare_resume(ckpt_dir, fp)
-    callbacks = [probe_callback(probe, p.probe_every, p.format_threshold, p.probe_at_start)]
+    callbacks = [probe_callback(probe, p.probe_every, p.below_threshold, p.probe_at_start)]
     trainer = sft_trainer(rows, model_path, ckpt_dir, p.sft, callbacks=callbacks)
-    if resume and stopped_at_threshold(resume, p.format_threshold):
+    if resume and stopped_at_threshold(resume, p.below_threshold):
         # the run already ended there: load it and train no further (the trainer would go on to the cap), so a
         # rerun gives the same model
         load_checkpoint(trainer.model, resume)
@@ -248,12 +284,12 @@ def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, 
     else:
         history, step, seconds = run_resumable(trainer, resume)
     probes = [h for h in history if "format_error_rate" in h]
-    last = probes[-1]["format_error_rate"] if probes else None
+    last = probes[-1] if probes else None
     return TrainResult(model=trainer.model, tokenizer=tok, log_history=history, global_step=step, seconds=seconds,
                        resumed_from=int(resume.rsplit("-", 1)[1]) if resume else None,
                        extra={"samples": len(rows), "dropped_too_long": dropped, "fingerprint": fp,
                               "rows_per_role": dict(sorted(Counter(r["role"] for r in chosen).items())),
                               "probe_rows": len(probe.rows), "probe_roles": probe.roles,
-                              "stopped_by": "threshold" if last is not None and last < p.format_threshold
+                              "stopped_by": "threshold" if last is not None and p.below_threshold(last)
                               else "step cap"})
 
