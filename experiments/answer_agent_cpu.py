@@ -199,7 +199,7 @@ def main(argv=None):
                               "min_words": args.min_words})
     train_s = time.perf_counter() - t0
     rows = curve_rows(res.log_history)
-    write_curves(rows, OUT / f"{args.name}.csv", png_path=OUT / f"{args.name}.png", title=args.name)
+    write_curves(rows, OUT / args.name, png_path=OUT / f"{args.name}.png", title=args.name)
     model = res.model.merge_and_unload() if hasattr(res.model, "merge_and_unload") else res.model
     t = time.perf_counter()
     after = {} if args.no_eval else {k: evaluate(model, tok, v, args.eval_max_new) for k, v in evals.items()}

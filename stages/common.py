@@ -2,8 +2,9 @@
 card and curves, the entry point.
 
 Paths follow one layout (dvc.yaml): agents in `models/agents/<agent>` (DVC outs, registered as artifacts),
-resumable checkpoints in `checkpoints/<stage>` (NOT DVC outs: DVC would delete them before a rerun), curves in
-`reports/training/<stage>.csv` (DVC plots) and `reports/figures/<stage>.png`, metrics in `metrics/<stage>.json`.
+resumable checkpoints in `checkpoints/<stage>` (NOT DVC outs: DVC would delete them before a rerun), curves in the
+DVCLive directory `reports/training/<stage>` (DVC plots), TensorBoard event files in `tensorboard/<stage>` (not
+versioned) and `reports/figures/<stage>.png`, metrics in `metrics/<stage>.json`.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from ragteam.train.sft import SFTParams
 
 AGENTS = Path("models/agents")
 CHECKPOINTS = Path("checkpoints")
-CURVES = Path("reports/training")
+CURVES = Path("reports/training")     # a DVCLive directory per stage
+TENSORBOARD = Path("tensorboard")     # event files per stage: wall times and host names inside, so not versioned
 FIGURES = Path("reports/figures")
 JOBS = Path("jobs/openrlhf")
 SYNTHESIS = Path("data/synthesis")
@@ -126,8 +128,8 @@ def finish_agent(result: TrainResult, curve: Sequence[dict], *, stage: str, agen
     """
     total = train_seconds(curve, result.seconds)
     metrics = {**summarize(curve, total, result.global_step), **(extra_metrics or {})}
-    write_curves(curve, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png", title=title or stage,
-                 panels=panels)
+    write_curves(curve, CURVES / stage, png_path=FIGURES / f"{stage}.png", title=title or stage, panels=panels,
+                 tensorboard_dir=TENSORBOARD / stage)
     card = model_card(agent=agent, base_model=base_model, backend=backend, data=data, params=params, reward=reward,
                       metrics={k: v for k, v in metrics.items() if not is_wall_clock(k)}, notes=notes)
     save_agent(result, AGENTS / agent, card)

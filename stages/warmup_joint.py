@@ -24,7 +24,7 @@ from ragteam.train.curves import curve_rows, is_wall_clock, summarize, write_cur
 from ragteam.train.model_card import model_card
 from ragteam.warmup.sft import WarmupParams, train_warmup
 from ragteam.warmup.start import WARMUP_DIR, WARMUP_OFF
-from stages.common import CHECKPOINTS, CURVES, FIGURES, train_seconds
+from stages.common import CHECKPOINTS, CURVES, FIGURES, TENSORBOARD, train_seconds
 from stages.oracle_traces import TRACES
 
 
@@ -78,7 +78,7 @@ def run(system_name: str, params: dict) -> dict[str, Any]:
         metrics["format_error_rate_first_probe"] = probes[0]["format_error_rate"]
         metrics["format_error_rate_after"] = probes[-1]["format_error_rate"]
         metrics.update({f"{k}_after": v for k, v in probes[-1].items() if k.startswith("format_error/")})
-    write_curves(rows, CURVES / f"{stage}.csv", png_path=FIGURES / f"{stage}.png",
+    write_curves(rows, CURVES / stage, png_path=FIGURES / f"{stage}.png", tensorboard_dir=TENSORBOARD / stage,
                  title=f"{system_name}: format warm-up (SFT on oracle traces)",
                  panels=["loss", ("held-out format error rate", [k for k in probes[-1] if k.startswith("format_error")]
                                   if probes else [])])

@@ -12,6 +12,7 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.io import DataError, read_jsonl, write_jsonl
 from ragteam.llm import LLMConfig, SamplingConfig, Team
 from ragteam.retrieval.base import Hit
+from ragteam.train.curves import read_curves
 from ragteam.train.grpo import GRPOParams
 from ragteam.train.maps import AnswerPairs, answer_samples, judge_samples, query_reward_func, query_samples
 from ragteam.train.sft import SFTParams
@@ -134,9 +135,10 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     assert (agent / "model.safetensors").is_file() and (agent / "tokenizer.json").is_file()
     card = (agent / "README.md").read_text()
     assert "R_a1 = EM + α·PR + L(y) (Eq. 4)" in card and "data/synthesis/t1_answer.jsonl" in card
-    curve = (tmp_path / "reports/training/train_answer.csv").read_text().splitlines()
-    assert curve[0].startswith("step,stage,reward") and len(curve) == 1 + 4   # 2 + 2 steps, stage 2 continues
-    assert [ln.split(",")[0] for ln in curve[1:]] == ["1", "2", "3", "4"]
+    curve = read_curves(tmp_path / "reports/training/train_answer")
+    assert [s for s, _ in curve["reward"]] == [1, 2, 3, 4]   # 2 + 2 steps, stage 2 continues
+    assert {"loss", "em", "words"} <= set(curve)
+    assert sorted(p.name for p in (tmp_path / "tensorboard/train_answer").iterdir())[0].startswith("events.out")
     assert (tmp_path / "reports/figures/train_answer.png").stat().st_size > 1000
     assert m["stage1_samples"] == 2 and m["stage2_samples"] == 2 and m["steps"] == 4   # both stages
     # a rerun with the same inputs resumes from the final checkpoints: nothing is retrained, and the agent is
@@ -153,7 +155,7 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     rates = {k: mq[k] for k in ("delta_f1_zero_rate", "delta_f1_positive_rate", "query_malformed_rate",
                                 "query_no_new_chunks_rate")}
     assert all(0.0 <= v <= 1.0 for v in rates.values())
-    assert "query_no_new_chunks" in (tmp_path / "reports/training/train_query.csv").read_text().splitlines()[0]
+    assert "query_no_new_chunks" in read_curves(tmp_path / "reports/training/train_query")
     # a no-op resume keeps the per-step rates (checkpointed log history); only this process's counters are 0
     mq2 = train_query.run(qp, llm, cfg, "unused", retriever=RETRIEVER)
     assert mq2["resumed_from_step"] == 2 and mq2["answer_pairs_queries"] == 0
@@ -184,7 +186,7 @@ def test_training_stages_save_agents_with_cards_curves_and_resume(tiny_llm, tmp_
     # TRL runs log their step times too (kept in the checkpointed history: the metrics' time survives a resume);
     # wall time goes to the metrics only, never to the agent, its card or the curve file
     assert mj["seconds"] > 0 and mj["seconds_per_step"] > 0
-    assert "step_seconds" not in (tmp_path / "reports/training/train_judge.csv").read_text().splitlines()[0]
+    assert "step_seconds" not in read_curves(tmp_path / "reports/training/train_judge")
     for agent in ("answer", "query", "judge"):
         d = tmp_path / "models/agents" / agent
         assert "seconds" not in (d / "README.md").read_text() and "seconds" not in (d / "ragteam-train.json").read_text()

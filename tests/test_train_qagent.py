@@ -16,6 +16,7 @@ from helpers_agents import KeywordRetriever, ScriptedEngine
 
 from ragteam.agents.qagent_workflow import QAgentConfig, trajectory_tokens
 from ragteam.llm import SamplingConfig, Team
+from ragteam.train.curves import read_curves
 from ragteam.train.pg import group_token_weights, policy_loss
 
 REPO = Path(__file__).resolve().parents[1]
@@ -378,5 +379,5 @@ def test_stage_trains_both_stages_to_a_saved_agent_with_a_card(tiny, tmp_path, m
     assert info["global_step"] == 2
     assert metrics["questions"] == 2 and "stage1/reward_last" in metrics and "stage2/reward_last" in metrics
     assert metrics["stage1/truncated_last"] == metrics["stage2/truncated_last"] == 0.0   # max_seq_len 2048
-    rows = (tmp_path / "reports/training/train_joint_qagent.csv").read_text().splitlines()
-    assert len(rows) == 3 and "stage" in rows[0]
+    curves = read_curves(tmp_path / "reports/training/train_joint_qagent")
+    assert [s for s, _ in curves["reward"]] == [1, 2] and "reward.qagent" in curves

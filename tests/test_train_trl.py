@@ -9,7 +9,7 @@ from ragteam.config import ParamsError, parse_section
 from ragteam.io import sha256_file, write_jsonl
 from ragteam.rewards.maps import maps_answer_reward_stage1
 from ragteam.train.checkpoints import checkpoint_steps, save_agent
-from ragteam.train.curves import curve_rows, summarize, write_curves
+from ragteam.train.curves import curve_rows, read_curves, summarize, write_curves
 from ragteam.agents.maps import parse_answer
 from ragteam.rewards.maps import AnswerReward
 from ragteam.train.grpo import GRPOParams, answer_reward_func, completion_text, train_grpo
@@ -103,10 +103,11 @@ def test_grpo_on_smollm2_trains_with_the_library_reward_and_saves_the_agent(smol
         assert {"loss", "kl", "em", "stage"} <= set(row)
 
     # curves for dvc plots + PNG; the saved agent with its model card
-    write_curves(rows, tmp_path / "curves.csv", tmp_path / "curves.json", tmp_path / "curves.png", title="t")
-    header = (tmp_path / "curves.csv").read_text().splitlines()
-    assert header[0].startswith("step,stage,reward") and len(header) == 3
-    assert json.loads((tmp_path / "curves.json").read_text())[1]["step"] == 2
+    write_curves(rows, tmp_path / "curves", png_path=tmp_path / "curves.png", title="t")
+    curves = read_curves(tmp_path / "curves")
+    assert {"reward", "loss", "kl", "em"} <= set(curves) and "stage" not in curves
+    assert [s for s, _ in curves["reward"]] == [1, 2]
+    assert [v for _, v in curves["reward"]] == pytest.approx([r["reward"] for r in rows])
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     data = tmp_path / "t1.jsonl"
     write_jsonl(data, SAMPLES)

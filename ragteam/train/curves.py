@@ -1,13 +1,13 @@
-"""Training curves from a TRL log history: CSV and JSON for `dvc plots`, a PNG for the report, a metrics summary."""
+"""Training curves: rows from a TRL log history (or a trainer's own steps), logged with DVCLive for `dvc plots` and as
+TensorBoard event files, a PNG for the report, a metrics summary."""
 from __future__ import annotations
 
-import csv
-import io
 import math
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from ragteam.io import atomic_file, save_figure, write_json
+from ragteam.io import atomic_dir, atomic_file, save_figure
 
 # TRL log keys -> curve columns (GRPO: reward, kl, em; SFT: loss, mean_token_accuracy)
 CURVE_KEYS = {
@@ -47,27 +47,71 @@ def is_wall_clock(key: str) -> bool:
     return key in WALL_CLOCK_COLUMNS or key == "seconds" or key.endswith("_seconds") or "seconds_" in key
 
 
-def write_curves(rows: Sequence[dict], csv_path: str | Path, json_path: str | Path | None = None,
-                 png_path: str | Path | None = None, title: str = "", panels: Sequence[Panel] | None = None) -> None:
-    """CSV (x = step) for `dvc plots`, optional JSON of the same rows, optional PNG of reward / loss / KL (or of
-    `panels`).
+def write_curves(rows: Sequence[dict], directory: str | Path, png_path: str | Path | None = None, title: str = "",
+                 panels: Sequence[Panel] | None = None, tensorboard_dir: str | Path | None = None) -> None:
+    """The curves of a training run, from its rows (x = `step`), logged with DVCLive and TensorBoard:
 
-    Wall-clock columns are left out (they belong in metrics); every file is written atomically."""
+    - `directory`: a DVCLive directory, one TSV per column under `plots/metrics/` for `dvc plots show` / `dvc plots
+      diff`, and DVCLive's summary `metrics.json` (each column's last value). A `/` in a column's name becomes `.`
+      (`reward/mask_answer` -> `reward.mask_answer.tsv`): DVCLive nests names at `/`, and a name that is both a
+      curve and a group (`reward` beside `reward/<role>`) breaks its summary;
+    - `tensorboard_dir`: the same scalars as TensorBoard event files (`tensorboard --logdir tensorboard`); they carry
+      wall times and the host name, so they are rebuilt on every run and never versioned;
+    - `png_path`: a PNG of reward / loss / KL (or of `panels`) for the reports.
+
+    Wall-clock columns (they belong in metrics), strings (tags such as `stage`) and non-finite values are not logged,
+    so a rerun with the same inputs and seeds writes the same curve bytes. The DVCLive directory is built beside its
+    place and swapped in whole: a failure leaves the previous curves as they were."""
     rows = [{k: v for k, v in r.items() if not is_wall_clock(k)} for r in rows]
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    with atomic_file(csv_path) as f:
-        f.write(buf.getvalue())
-    if json_path is not None:
-        write_json(json_path, list(rows))
+    scalars = [(int(r["step"]), {k: float(v) for k, v in r.items() if k != "step" and _is_number(v)}) for r in rows]
+    from dvclive import Live
+
+    with atomic_dir(directory) as tmp:
+        # DVCLive as a logger only: the directory is a declared stage output, so no experiment, no dvc.yaml of its own,
+        # no report. Its path is absolute: under `dvc exp run`, DVCLive `git add`s the untracked files below a
+        # repository-relative dir that no stage declares, which the temp dir is until it is swapped in.
+        with Live(dir=str(tmp.resolve()), resume=False, report=None, save_dvc_exp=False, dvcyaml=None,
+                  monitor_system=False) as live:
+            for step, values in scalars:
+                live.step = step
+                for name, value in values.items():
+                    live.log_metric(name.replace("/", "."), value)
+    if tensorboard_dir is not None:
+        _write_tensorboard(scalars, Path(tensorboard_dir))
     if png_path is not None:
         if panels is None:
             _plot(rows, Path(png_path), title)
         else:
             _plot_panels(rows, Path(png_path), title, panels)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _write_tensorboard(scalars: Sequence[tuple[int, dict[str, float]]], logdir: Path) -> None:
+    """The scalars as one TensorBoard event file in `logdir` (emptied first: a rerun replaces the run, not adds one)."""
+    from tensorboardX import SummaryWriter
+
+    shutil.rmtree(logdir, ignore_errors=True)
+    logdir.mkdir(parents=True)
+    with SummaryWriter(logdir=str(logdir)) as writer:
+        for step, values in scalars:
+            for name, value in values.items():
+                writer.add_scalar(name, value, global_step=step)
+
+
+def read_curves(directory: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """A DVCLive directory's curves back: {name as logged (`reward.mask_answer`): [(step, value), ...]}."""
+    root = Path(directory) / "plots" / "metrics"
+    if not root.is_dir():
+        raise FileNotFoundError(f"{directory}: no DVCLive curves (plots/metrics/ is missing)")
+    out = {}
+    for f in sorted(root.rglob("*.tsv")):
+        lines = f.read_text().splitlines()[1:]
+        out[f.relative_to(root).with_suffix("").as_posix()] = [(int(a), float(b)) for a, b in
+                                                                 (ln.split("\t")[:2] for ln in lines)]
+    return out
 
 
 def _plot_panels(rows: Sequence[dict], path: Path, title: str, panels: Sequence[Panel], ncols: int = 4) -> None:

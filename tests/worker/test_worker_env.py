@@ -1,5 +1,5 @@
-"""The worker environment holds what its lock or requirements-gpu.txt says, and what the LLM stages import, without
-the orchestrator's packages."""
+"""The worker environment holds what its lock or requirements-gpu.txt says, and what the LLM stages import (DVCLive
+included: the training stages log their curves with it), without prefect, the orchestrator's own."""
 from __future__ import annotations
 
 import importlib
@@ -35,8 +35,11 @@ def test_the_llm_stages_import_here_without_the_orchestrators_packages():
                    "stages.train_judge", "stages.train_joint", "stages.evaluate", "stages.evaluate_agents",
                    "ragteam.llm.policy", "ragteam.llm.vllm_backend", "ragteam.retrieval.loader"):
         importlib.import_module(module)
-    for orchestrator_only in ("prefect", "dvc"):
-        assert importlib.util.find_spec(orchestrator_only) is None, orchestrator_only
+    assert importlib.util.find_spec("prefect") is None      # the orchestrator's alone (its pins conflict with vLLM's)
+    # the training stages log their curves with DVCLive (which brings dvc) wherever they run, at the main lock's versions
+    main = _pins(REPO / "requirements.lock")
+    for dist in ("dvclive", "dvc", "tensorboardx"):
+        assert version(dist) == main[dist], dist
     # the stages validate their outputs before writing them (ragteam.data.validate), here as in the main environment
     assert version("great-expectations") == _pins(REPO / "requirements.lock")["great-expectations"]
     importlib.import_module("great_expectations")
