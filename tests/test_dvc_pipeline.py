@@ -20,7 +20,7 @@ def _sh(cmd, cwd, check=True):
     return r
 
 
-def test_prepare_data_repro_noop_and_failed_run_keeps_outputs(tmp_path, shared_data):
+def test_prepare_data_repro_noop_and_failed_run_restorable_from_the_cache(tmp_path, shared_data):
     root = tmp_path / "proj"
     root.mkdir()
     for d in ("stages", "ragteam"):
@@ -52,6 +52,24 @@ def test_prepare_data_repro_noop_and_failed_run_keeps_outputs(tmp_path, shared_d
     failed = _sh("dvc repro -f", root, check=False)
     assert failed.returncode != 0
     assert f"{mirror}/corpus/c.jsonl:100: malformed JSON" in failed.stderr + failed.stdout
-    assert corpus.read_bytes() == before  # persist + atomic swap: DVC did not delete, the stage did not write
     rep = json.loads((root / "reports/validation/prepare_data.json").read_text())
     assert rep["success"] is False and "c.jsonl:100" in rep["error"]
+    # no `persist` on a cached output (the stage does not resume from it): DVC removed it before the run, the stage
+    # wrote nothing, and the last good version is in the cache
+    assert not corpus.exists()
+    _sh("dvc checkout data/prepared", root)
+    assert corpus.read_bytes() == before
+
+
+def test_persist_is_set_only_on_outputs_a_stage_resumes_from():
+    """`persist` keeps an output through a rerun, for a stage that resumes from it: only index_dense's embedding shards
+    (uncached, a rerun resumes from the finished ones). Every other output is removed by DVC before its stage runs and
+    restored by `dvc checkout` from the cache."""
+    persistent = []
+    for name, stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].items():
+        for out in stage.get("do", stage).get("outs", []):
+            if isinstance(out, dict):
+                (path, opts), = out.items()
+                if (opts or {}).get("persist"):
+                    persistent.append((name, path))
+    assert persistent == [("index_dense", "data/indexes/dense_shards")]
