@@ -137,11 +137,66 @@ app.add_typer(replicate_app, name="replicate")
 
 
 @replicate_app.command("flags")
-def replicate_flags(seed: int) -> None:
-    """Print `-S` flags setting every MAPS training seed, for `dvc exp run --queue $(ragteam replicate flags 1)`."""
-    from ragteam.eval.replicate import seed_flags
+def replicate_flags(seed: int, kind: str = typer.Option("maps", "--kind", help="maps: every MAPS training seed; "
+                                                        "joint: the joint systems' warm-up and RL seeds")) -> None:
+    """Print `-S` flags setting a study's seeds, for `dvc exp run --queue $(ragteam replicate flags 1)`."""
+    from ragteam.eval import joint_study, replicate
 
-    typer.echo(" ".join(seed_flags(seed)))
+    flags = {"maps": replicate.seed_flags, "joint": joint_study.seed_flags}
+    if kind not in flags:
+        raise fail(ValueError(f"--kind {kind!r}: one of {', '.join(flags)}"))
+    typer.echo(" ".join(flags[kind](seed)))
+
+
+def _exp_show(exp_json: Optional[Path]) -> list:
+    """`dvc exp show --json` entries: from a saved file, or run here."""
+    import subprocess
+
+    if exp_json:
+        return json.loads(exp_json.read_text())
+    done = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True)
+    if done.returncode:
+        raise ValueError(f"dvc exp show --json failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout)
+
+
+def _at_rev(rev: str, path: str) -> dict | None:
+    """A git-tracked file as commit `rev` holds it (None where it does not)."""
+    import subprocess
+
+    got = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+@replicate_app.command("joint-summary")
+def replicate_joint_summary(
+    exp_json: Optional[Path] = typer.Option(None, "--exp-json", help="saved `dvc exp show --json` output "
+                                            "(default: run it here)"),
+    exp: Optional[list[str]] = typer.Option(None, "--exp", help="only these experiments (names or revisions)"),
+    systems: Optional[list[str]] = typer.Option(None, "--system", help="joint systems to report (default: the "
+                                                "runs' joint.systems)"),
+    out_md: Path = typer.Option(Path("reports/joint_study.md"), help="the report"),
+    out_json: Path = typer.Option(Path("metrics/joint_study.json"), help="the summary as JSON"),
+) -> None:
+    """Each joint system's base / warm-up / warm-up + RL rows over seed runs (DVC experiments differing only in
+    the joint seeds): mean ± sd, t-interval over seeds, each seed's paired bootstrap -> reports/joint_study.md and
+    metrics/joint_study.json."""
+    from ragteam.eval import joint_study
+    from ragteam.io import atomic_file, write_json
+
+    try:
+        runs, notes = joint_study.load_runs(_exp_show(exp_json), _at_rev, select=exp)
+        names = list(systems or runs[0].params.get("joint.systems") or [])
+        if not names:
+            raise ValueError("no joint systems: the runs' joint.systems is empty and no --system was given")
+        summary = joint_study.summarize(runs, names)
+    except (ValueError, OSError) as e:
+        raise fail(e)
+    md = joint_study.report_markdown(summary, names, notes)
+    write_json(out_json, summary)
+    with atomic_file(out_md) as f:
+        f.write(md)
+    typer.echo(md)
 
 
 @replicate_app.command("summarize")
@@ -159,8 +214,6 @@ def replicate_summarize(
 ) -> None:
     """Per agent and benchmark, base vs trained over seed replicates: mean ± sd of the gain, t-interval, signs,
     pooled paired bootstrap -> reports/replicate.md and metrics/replicate.json."""
-    import subprocess
-
     from ragteam.eval import replicate as rep
     from ragteam.eval.stats import BootstrapConfig
     from ragteam.io import atomic_file, write_json
@@ -175,22 +228,8 @@ def replicate_summarize(
                             if m.with_suffix(".questions.json").is_file() else None) for m in metrics]
             notes: list[str] = []
         else:
-            if exp_json:
-                entries = json.loads(exp_json.read_text())
-            else:
-                done = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True)
-                if done.returncode:
-                    raise ValueError(f"dvc exp show --json failed: {done.stderr.strip()[-500:]}")
-                entries = json.loads(done.stdout)
-
-            def at_rev(path: str):
-                def read(rev: str) -> dict | None:   # the file as the run's commit holds it (git-tracked)
-                    got = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
-                    return json.loads(got.stdout) if got.returncode == 0 else None
-                return read
-
-            runs, notes = rep.runs_from_exp_show(entries, at_rev(rep.QUESTIONS_FILE), select=exp,
-                                                 read_record=at_rev(rep.METRICS_FILE))
+            runs, notes = rep.runs_from_exp_show(_exp_show(exp_json), lambda rev: _at_rev(rev, rep.QUESTIONS_FILE),
+                                                 select=exp, read_record=lambda rev: _at_rev(rev, rep.METRICS_FILE))
         notes += rep.check_runs(runs)
         summary = rep.summarize_replicates(runs, cfg)
     except (ValueError, OSError) as e:

@@ -56,12 +56,21 @@ def to_set_flags(overlay: dict, base: dict | None = None) -> list[str]:
     return [f"-S '{'+' if add[k] else ''}{k}={json.dumps(v)}'" for k, v in flat.items()]
 
 
+def _row_fields() -> frozenset[str]:
+    """The settings an eval.systems row may hold (`SystemSpec`): a profile may set one a row leaves at its default."""
+    from ragteam.eval.evaluate import SystemSpec
+
+    return frozenset(SystemSpec.model_fields)
+
+
 def check_keys(base: dict, overlay: dict, where: str = "") -> None:
-    """An overlay may only change keys the base already has (or add entries to an OPEN_MAPPINGS mapping): a typo
-    must not become a silent new param."""
+    """An overlay may only change keys the base already has (or add entries to an OPEN_MAPPINGS mapping, or set a
+    field an eval.systems row leaves at its default, e.g. its own `n_questions`): a typo must not become a silent
+    new param."""
+    parent = where.rstrip(".").rpartition(".")[0]
     for k, v in overlay.items():
         if k not in base:
-            if where.rstrip(".") in OPEN_MAPPINGS:
+            if where.rstrip(".") in OPEN_MAPPINGS or (parent == "eval.systems" and k in _row_fields()):
                 continue
             raise ParamsError(f"profile key '{where}{k}' does not exist in params.yaml")
         if isinstance(v, dict) and isinstance(base[k], dict):

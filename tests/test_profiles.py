@@ -136,3 +136,27 @@ def test_a_repeated_key_is_an_error_not_a_silently_dropped_section(tmp_path):
         load_params(p)
     p.write_text("a: {x: 1, y: 2}\nb: {x: 1}\n")  # the same key in different mappings is fine
     assert load_params(p) == {"a": {"x": 1, "y": 2}, "b": {"x": 1}}
+
+
+def test_joint_study_profile_sets_a_rows_own_field_and_a_typo_in_a_row_is_still_an_error(tmp_path):
+    """A row of eval.systems may get a field it leaves at its default (its own n_questions); `+` adds it under DVC's
+    Hydra grammar, and DVC's own override writer turns the flags into the params the study's runs evaluate with."""
+    from pathlib import Path
+
+    from dvc.utils.hydra import apply_overrides
+
+    from ragteam.profiles import profile_flags
+
+    repo = Path(__file__).resolve().parents[1]
+    flags = profile_flags(["joint_study"], repo / "params.yaml", repo / "profiles")
+    assert "-S '+eval.systems.decor_trained.n_questions=40'" in flags and len(flags) == 12
+    params = tmp_path / "params.yaml"
+    params.write_text((repo / "params.yaml").read_text())
+    apply_overrides(str(params), [f.split(" ", 1)[1].strip("'") for f in flags])
+    rows = load_params(params)["eval"]["systems"]
+    assert rows["decor_trained"] == {"workflow": "decor", "model": "models/agents/decor", "n_questions": 40}
+    assert rows["maps"]["n_questions"] == 40 and "n_questions" not in rows["sure"]   # the other rows as they were
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "bad.yaml").write_text(yaml.safe_dump({"eval": {"systems": {"mask": {"n_question": 4}}}}))
+    with pytest.raises(ParamsError, match=r"eval\.systems\.mask\.n_question' does not exist"):
+        profile_flags(["bad"], repo / "params.yaml", tmp_path / "profiles")

@@ -45,9 +45,11 @@ class Run:
     metrics: dict = field(default_factory=dict)
     questions: dict | None = None
 
+    seed_params: Sequence[str] = SEED_PARAMS    # the params this study varies (a joint study: joint_study.SEEDS)
+
     @property
     def seeds(self) -> dict:
-        return {k: self.params[k] for k in SEED_PARAMS if k in self.params}
+        return {k: self.params[k] for k in self.seed_params if k in self.params}
 
 
 def _flatten(d: Mapping, prefix: str = "") -> dict:
@@ -92,10 +94,11 @@ def runs_from_exp_show(entries: Sequence[Mapping], read_questions: Callable[[str
     return runs, notes
 
 
-def check_runs(runs: Sequence[Run]) -> list[str]:
-    """Raise when the runs differ in anything but seeds (or repeat a seed combination); notes on what was dropped."""
+def check_runs(runs: Sequence[Run], what: str = "evaluate_agents metrics") -> list[str]:
+    """Raise when the runs differ in anything but their seeds (`Run.seed_params`), or repeat a seed combination
+    (dropped, with a note); returns the notes."""
     if not runs:
-        raise ValueError("no runs with evaluate_agents metrics to summarise")
+        raise ValueError(f"no runs with {what} to summarise")
     notes, seen, keep = [], {}, []
     for r in runs:
         key = tuple(sorted(r.seeds.items())) if r.seeds else (r.name,)
@@ -107,7 +110,7 @@ def check_runs(runs: Sequence[Run]) -> list[str]:
     ref = keep[0]
     for r in keep[1:]:
         diff = sorted(k for k in set(ref.params) | set(r.params)
-                      if k not in SEED_PARAMS and ref.params.get(k) != r.params.get(k))
+                      if k not in ref.seed_params and ref.params.get(k) != r.params.get(k))
         if diff:
             raise ValueError(f"runs {ref.name!r} and {r.name!r} differ in more than seeds: {diff[:8]}; select the "
                              f"replicates with --exp")

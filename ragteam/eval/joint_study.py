@@ -1,0 +1,153 @@
+"""Seed study of the joint systems (issue 25 §3): each system's base model, format warm-up only and warm-up + RL,
+scored by `evaluate` in runs that differ only in the joint training seeds, launched as DVC experiments:
+
+    for s in 0 1 2; do ragteam profile flags joint_study | xargs dvc exp run --queue -n joint-seed$s \
+        $(ragteam replicate flags $s --kind joint); done   # joint_study: the 12 joint rows on 40 questions
+    dvc queue start --jobs 1                  # or: dvc exp run --run-all
+    ragteam replicate joint-summary --exp joint-seed0 --exp joint-seed1 --exp joint-seed2
+
+Every experiment commit holds its own plain records (git-tracked): `metrics/eval.json` (each row's scores),
+`metrics/eval_compare.json` (each compared pair's paired-bootstrap difference over questions) and the training
+records of `warmup_joint@<system>` and `train_joint@<system>`; the summary reads them at each run's revision, so each
+number it states traces to an experiment commit and, through its `dvc.lock`, to data, code and params.
+
+Per system and metric (EM, F1): each row's mean ± sd over seeds; per compared pair (warm-up − base, RL over warm-up,
+warm-up + RL − base) the seed-mean difference with its t-interval over seeds (`stats.seed_summary`), each seed's
+paired bootstrap interval as `evaluate` computed it, the signs and how many seeds' own intervals exclude 0. The
+training side: the warm-up's held-out format error rate where it stopped, and RL's team reward and format error rate
+at its first and last steps (quarter means, `train.curves.summarize`), per seed.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from ragteam.eval import stats
+from ragteam.eval.replicate import Run, check_runs, runs_from_exp_show
+
+SEEDS = ("warmup.sft.seed", "joint.ppo.seed")   # what a joint study varies: the warm-up's SFT and RL's sampling
+EVAL_FILE = "metrics/eval.json"
+COMPARE_FILE = "metrics/eval_compare.json"
+TRAIN_FILE = "metrics/train_joint_{system}.json"
+WARMUP_FILE = "metrics/warmup_joint_{system}.json"
+METRICS = ("em", "f1")
+ROWS = {"base": "{s}", "warm-up": "{s}_warmup", "warm-up + RL": "{s}_trained"}   # eval.systems names per system
+PAIRS = {"warm-up − base": ("{s}_warmup", "{s}"), "RL over warm-up": ("{s}_trained", "{s}_warmup"),
+         "warm-up + RL − base": ("{s}_trained", "{s}")}
+TRAINING = {"warm-up format errors (held out, at the stop)": (WARMUP_FILE, "format_error_rate_after"),
+            "RL reward, first steps": (TRAIN_FILE, "reward_first"),
+            "RL reward, last steps": (TRAIN_FILE, "reward_last"),
+            "RL format errors, first steps": (TRAIN_FILE, "format_error_rate_first"),
+            "RL format errors, last steps": (TRAIN_FILE, "format_error_rate_last")}
+
+
+def seed_flags(seed: int) -> list[str]:
+    """`dvc exp run -S` flags setting the joint training seeds (every system's warm-up and RL) to `seed`."""
+    return [f"-S {k}={seed}" for k in SEEDS]
+
+
+def load_runs(entries: Sequence[Mapping], read: Callable[[str, str], dict | None],
+              select: Sequence[str] | None = None) -> tuple[list[Run], list[str]]:
+    """The study's runs from `dvc exp show --json`: `read(rev, path)` returns a git-tracked record at a revision.
+    Each run's `metrics` is {path: record} of the evaluation records and every system's training records."""
+    runs, notes = runs_from_exp_show(entries, metrics_file=EVAL_FILE, select=select,
+                                     read_record=lambda rev: read(rev, EVAL_FILE))
+    for r in runs:
+        r.seed_params = SEEDS
+        r.metrics = {EVAL_FILE: r.metrics, COMPARE_FILE: read(r.rev, COMPARE_FILE) or {}}
+    notes += check_runs(runs, what=EVAL_FILE)
+    for r in runs:
+        systems = r.params.get("joint.systems") or []
+        for s in systems:
+            for path in (TRAIN_FILE, WARMUP_FILE):
+                p = path.format(system=s)
+                r.metrics[p] = read(r.rev, p) or {}
+    return runs, notes
+
+
+def _row(record: Mapping, row: str, metric: str, where: str) -> float:
+    try:
+        return float(record[row]["avg"][metric])
+    except (KeyError, TypeError):
+        raise ValueError(f"{where}: {EVAL_FILE} has no {row}.avg.{metric}: add the row to eval.systems") from None
+
+
+def summarize(runs: Sequence[Run], systems: Sequence[str], level: float = 0.95) -> dict:
+    """{"runs": [{name, rev, seeds}], "<system>": {"questions", "rows", "pairs", "training"}} (see the module)."""
+    if not runs:
+        raise ValueError("no runs to summarise")
+    out: dict = {"runs": [{"name": r.name, "rev": r.rev, "seeds": r.seeds} for r in runs], "level": level}
+    for s in systems:
+        rows, pairs, training = {}, {}, {}
+        for label, row in ROWS.items():
+            name = row.format(s=s)
+            rows[label] = {"row": name, **{m: stats.seed_summary(
+                [_row(r.metrics[EVAL_FILE], name, m, r.name) for r in runs], level).to_dict() for m in METRICS}}
+        questions = {int(r.metrics[EVAL_FILE][ROWS["base"].format(s=s)]["avg"].get("n", 0)) for r in runs}
+        for label, (a, b) in PAIRS.items():
+            key = f"{a.format(s=s)} vs {b.format(s=s)}"
+            pairs[label] = {"pair": key}
+            for m in METRICS:
+                per = []
+                for r in runs:
+                    d = ((r.metrics[COMPARE_FILE].get(key) or {}).get("avg") or {}).get(m)
+                    if d is None:
+                        raise ValueError(f"{r.name}: {COMPARE_FILE} has no {key!r} ({m}): the pair comes from "
+                                         f"eval.compare, which derives it from the rows {a.format(s=s)} and "
+                                         f"{b.format(s=s)}")
+                    per.append({"run": r.name, "diff": d["diff"], "lo": d["lo"], "hi": d["hi"],
+                                "significant": bool(d["significant"])})
+                diffs = [p["diff"] for p in per]
+                pairs[label][m] = {**stats.seed_summary(diffs, level).to_dict(), "per_seed": per,
+                                   "signs": "".join("+" if x > 0 else "-" if x < 0 else "0" for x in diffs),
+                                   "significant_seeds": sum(p["significant"] for p in per)}
+        for label, (path, key) in TRAINING.items():
+            vals = [r.metrics.get(path.format(system=s), {}).get(key) for r in runs]
+            training[label] = (stats.seed_summary([float(v) for v in vals], level).to_dict() | {"per_seed": vals}
+                               if all(isinstance(v, (int, float)) for v in vals) else {"per_seed": vals})
+        out[s] = {"questions": sorted(questions), "rows": rows, "pairs": pairs, "training": training}
+    return out
+
+
+def _ms(s: Mapping) -> str:
+    return f"{s['mean']:.2f}" + (f" ± {s['sd']:.2f}" if s.get("sd") is not None else "")
+
+
+def _iv(s: Mapping) -> str:
+    return f"[{s['lo']:.2f}, {s['hi']:.2f}]" if s.get("lo") is not None else "–"
+
+
+def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[str] = ()) -> str:
+    runs, pct = summary["runs"], f"{100 * summary['level']:g} %"
+    parts = ["# Joint systems over training seeds: base, warm-up only, warm-up + RL", "",
+             f"{len(runs)} runs of `evaluate` that differ only in {', '.join(f'`{k}`' for k in SEEDS)}: " + "; ".join(
+                 f"{r['name']} ({r['rev'][:7]}; {', '.join(f'{k}={v}' for k, v in r['seeds'].items())})"
+                 for r in runs) + ".", "",
+             f"**mean ± sd** over seeds; **t-interval**: mean ± t(n−1) · sd / √n ({pct}, training-seed "
+             f"variation on these questions); **per seed**: each run's paired bootstrap over questions (`evaluate`, "
+             f"`metrics/eval_compare.json`), † where it excludes 0; **signs**: each seed's difference.", ""]
+    for s in systems:
+        x = summary[s]
+        parts += [f"## {s}", "", f"Questions per run: {', '.join(map(str, x['questions']))}.", "",
+                  "| row | eval row | EM mean ± sd | F1 mean ± sd |", "|---|---|---:|---:|"]
+        parts += [f"| {label} | `{r['row']}` | {_ms(r['em'])} | {_ms(r['f1'])} |" for label, r in x["rows"].items()]
+        parts += ["", "| difference | metric | mean ± sd | t-interval | per seed | signs |",
+                  "|---|---|---:|---:|---|---|"]
+        for label, p in x["pairs"].items():
+            for m in METRICS:
+                d = p[m]
+                per = "; ".join(f"{q['diff']:+.2f} [{q['lo']:.2f}, {q['hi']:.2f}]"
+                                + (" †" if q["significant"] else "") for q in d["per_seed"])
+                parts.append(f"| {label} | {m.upper()} | {_ms(d)} | {_iv(d)} | {per} | {d['signs']} |")
+        parts += ["", "| training | mean ± sd | per seed |", "|---|---:|---|"]
+        for label, t in x["training"].items():
+            per = ", ".join("–" if v is None else f"{v:g}" for v in t["per_seed"])
+            parts.append(f"| {label} | {_ms(t) if 'mean' in t else '–'} | {per} |")
+        parts.append("")
+    if notes:
+        parts += ["Left out:", "", *(f"- {n}" for n in notes), ""]
+    parts += ["How the runs were launched (the seeds are params; each run is a DVC experiment):", "", "```bash",
+              "for s in 0 1 2; do ragteam profile flags joint_study | xargs dvc exp run --queue -n joint-seed$s "
+              "$(ragteam replicate flags $s --kind joint); done",
+              "dvc queue start --jobs 1",
+              "ragteam replicate joint-summary " + " ".join(f"--exp {r['name']}" for r in runs), "```", ""]
+    return "\n".join(parts)
