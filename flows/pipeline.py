@@ -26,6 +26,7 @@ interpreter, and writes the outs and dvc.lock there); without a shared filesyste
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -57,7 +58,7 @@ from prefect.futures import as_completed  # noqa: E402
 
 from ragteam import lineage as lin  # noqa: E402
 from ragteam.config import ParamsError, Strict, load_params, parse_section  # noqa: E402
-from ragteam.io import atomic_file  # noqa: E402
+from ragteam.io import atomic_dir, atomic_file  # noqa: E402
 from ragteam.ray_jobs import RayJobError, RayJobs, submission_id  # noqa: E402
 
 FLOW_NAME = "ragteam-pipeline"
@@ -343,11 +344,11 @@ def dvc_repo_lock(root: Path) -> Iterator[Any]:
         yield repo
 
 
-def worker_files(root: Path, stages: dict[str, lin.Stage], name: str) -> dict[str, str]:
+def worker_files(root: Path, stages: dict[str, lin.Stage], name: str) -> dict[str, FileBody]:
     """Small git-tracked files a remote worker needs besides its checkout: dvc.lock (so `dvc pull` knows the
     upstream hashes), the stage's params files, and uncached upstream outs it depends on (e.g. metrics)."""
     with dvc_repo_lock(root):
-        return {p: (root / p).read_text() for p in sorted(sendable_files(stages, [name])) if (root / p).is_file()}
+        return out_files(root, sorted(sendable_files(stages, [name])))
 
 
 def sendable_files(stages: dict[str, lin.Stage], targets: list[str] | None) -> set[str]:
@@ -364,19 +365,65 @@ def sendable_files(stages: dict[str, lin.Stage], targets: list[str] | None) -> s
     return allowed
 
 
-def write_files(root: Path, files: dict[str, str], allowed: set[str]) -> None:
-    """Write `files` (path -> text) under `root`, each atomically; every path must be in `allowed` (checked for
-    all of them before anything is written)."""
-    for rel in files:
+# A file's content in a flow's parameters or result (JSON): its text, or {"base64": ...} for bytes that are not
+# UTF-8 text (a PNG figure among a training stage's uncached outs)
+FileBody = str | dict[str, str]
+
+
+def out_files(root: Path, paths: list[str]) -> dict[str, FileBody]:
+    """Every file of `paths` under `root`, by its project path: a file, or each file below a directory (a DVCLive
+    curves directory). A path that does not exist is left out."""
+    files: dict[str, FileBody] = {}
+    for rel in paths:
+        top = root / rel
+        found = [top] if top.is_file() else sorted(f for f in top.rglob("*") if f.is_file()) if top.is_dir() else []
+        for f in found:
+            data = f.read_bytes()
+            try:
+                files[f.relative_to(root).as_posix()] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                files[f.relative_to(root).as_posix()] = {"base64": base64.b64encode(data).decode("ascii")}
+    return files
+
+
+def _file_bytes(rel: str, body: Any) -> bytes:
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, dict) and set(body) == {"base64"} and isinstance(body["base64"], str):
+        try:
+            return base64.b64decode(body["base64"], validate=True)
+        except ValueError:
+            raise ValueError(f"files: {rel!r}: its base64 does not decode") from None
+    raise ValueError(f"files: {rel!r}: the content must be text or {{'base64': ...}}, got {type(body).__name__}")
+
+
+def write_files(root: Path, files: dict[str, FileBody], allowed: set[str]) -> None:
+    """Write `files` (path -> content) under `root`: each path must be an `allowed` path or lie below one (a
+    directory out), checked for all of them, with their contents, before anything is written. A file is swapped in
+    atomically; an allowed directory that receives files is rebuilt from them alone and swapped in whole, so no
+    file of its previous version stays behind."""
+    bodies, dirs = {}, {}
+    for rel, body in files.items():
         p = PurePosixPath(rel)
         if p.is_absolute() or ".." in p.parts:
             raise ValueError(f"files: {rel!r} must be a path inside the project")
-        if p.as_posix() not in allowed:
+        under = [a for a in allowed if p != PurePosixPath(a) and p.is_relative_to(PurePosixPath(a))]
+        if p.as_posix() not in allowed and not under:
             raise ValueError(f"files: refusing to write {rel!r}: a remote run may only write dvc.lock, the target "
                              f"stages' params files and declared outs ({', '.join(sorted(allowed))})")
-    for rel, text in files.items():
-        with atomic_file(root / PurePosixPath(rel).as_posix()) as f:
-            f.write(text)
+        bodies[p.as_posix()] = _file_bytes(rel, body)
+        if under:
+            dirs.setdefault(min(under, key=len), []).append(p)
+    in_dirs = {p.as_posix() for ps in dirs.values() for p in ps}
+    for rel, data in bodies.items():
+        if rel not in in_dirs:
+            with atomic_file(root / rel, "wb") as f:
+                f.write(data)
+    for top, paths in dirs.items():
+        with atomic_dir(root / top) as tmp:
+            for p in paths:
+                (tmp / p.relative_to(top)).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / p.relative_to(top)).write_bytes(bodies[p.as_posix()])
 
 
 def run_stage_remote(root: Path, stages: dict[str, lin.Stage], name: str, force: bool, log=None) -> dict:
@@ -387,8 +434,7 @@ def run_stage_remote(root: Path, stages: dict[str, lin.Stage], name: str, force:
     if stages[name].cached_outs:
         dvc(root, "push", name, log=log)
     record = lin.stage_record(root, name, stages)
-    uncached = [o for o in stages[name].outs if o not in stages[name].cached_outs]
-    record["files"] = {o: (root / o).read_text() for o in uncached if (root / o).is_file()}
+    record["files"] = out_files(root, [o for o in stages[name].outs if o not in stages[name].cached_outs])
     return record
 
 
@@ -577,7 +623,7 @@ def pipeline(
     remote: bool = False,
     upstream: bool = True,
     root: str | None = None,
-    files: dict[str, str] | None = None,
+    files: dict[str, FileBody] | None = None,
     git_commit: str | None = None,
     ray_address: str | None = None,
 ) -> dict[str, Any]:

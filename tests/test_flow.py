@@ -1,6 +1,7 @@
 """The Prefect flow over a toy dvc.yaml in a throwaway git+dvc repo (ephemeral Prefect API, one PREFECT_HOME)."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -380,6 +381,37 @@ def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows
     with pytest.raises(ValueError, match="refusing to write 'count.py'.*metrics/count.json, reports/count.md"):
         fp.adopt_remote_result(repo, stages, record)
     assert (repo / "count.py").read_text() == code["count.py"] and not (repo / "metrics/count.json").exists()
+
+
+def test_a_training_stages_uncached_outs_travel_whole_curves_directory_and_png_included(flows_mod, tmp_path):
+    """What a GPU worker returns for a training stage: its DVCLive curves (a directory of TSVs) and its PNG figure
+    (bytes, not text) arrive whole; the directory is replaced, not merged into, and a path outside the stage's
+    declared outs, or a body that is neither text nor base64, is refused before anything is written."""
+    fp = flows_mod
+    worker, here = tmp_path / "worker", tmp_path / "here"
+    curves, png = "reports/training/train_judge", "reports/figures/train_judge.png"
+    (worker / curves / "plots/metrics").mkdir(parents=True)
+    (worker / curves / "plots/metrics/loss.tsv").write_text("step\tloss\n1\t2.0\n")
+    (worker / curves / "metrics.json").write_text('{"loss": 2.0, "step": 1}')
+    (worker / png).parent.mkdir(parents=True)
+    figure = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+    (worker / png).write_bytes(figure)
+    files = fp.out_files(worker, [curves, png, "metrics/never_written.json"])
+    assert sorted(files) == [png, f"{curves}/metrics.json", f"{curves}/plots/metrics/loss.tsv"]
+    assert files[png] == {"base64": base64.b64encode(figure).decode()}
+    files = json.loads(json.dumps(files))                     # through the run's JSON result
+    (here / curves / "plots/metrics").mkdir(parents=True)
+    (here / curves / "plots/metrics/stale.tsv").write_text("from an earlier run\n")
+    allowed = {curves, png, "metrics/train_judge.json"}
+    for bad, body in (("reports/training/other/x.tsv", "x"), (f"{curves}/../../../escape", "x"),
+                      (f"{curves}/a.tsv", {"base64": "not base64!"}), (f"{curves}/b.tsv", 3)):
+        with pytest.raises(ValueError, match="refusing to write|inside the project|does not decode|must be text"):
+            fp.write_files(here, {**files, bad: body}, allowed)
+        assert not (here / png).exists()                     # checked before anything was written
+    fp.write_files(here, files, allowed)
+    assert (here / png).read_bytes() == figure
+    assert sorted(p.relative_to(here / curves).as_posix() for p in (here / curves).rglob("*") if p.is_file()) == [
+        "metrics.json", "plots/metrics/loss.tsv"]              # stale.tsv went with the old directory
 
 
 def test_the_orchestrator_refuses_code_changes_a_gpu_worker_could_not_see(flows_mod, tmp_path):
