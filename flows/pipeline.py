@@ -27,6 +27,7 @@ interpreter, and writes the outs and dvc.lock there); without a shared filesyste
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -74,8 +75,8 @@ class PrefectParams(Strict):
     gpu_mode: Literal["local", "deployment"]
     gpu_deployment: str = Field(pattern=r"^[^/]+/[^/]+$")  # "<flow name>/<deployment name>"
     max_parallel_stages: int | None = Field(default=None, ge=1)  # None: auto (`parallel_stages`)
-    # where Prefect persists flow results (a directory: relative to the project root, or absolute); GPU workers on
-    # other hosts need one both sides mount at the same path
+    # where Prefect persists flow results: a directory (relative to the project root, or absolute), which GPU
+    # workers on other hosts must mount at the same path, or an s3://<bucket>[/<prefix>] URL both sides can reach
     result_storage: str = DEFAULT_RESULT_STORAGE
     # a Ray cluster's job server (http://<head>:8265): stages that would run here run there as Ray jobs; the
     # cluster must share this checkout's filesystem. None: off
@@ -87,12 +88,48 @@ class PrefectParams(Strict):
         return check_result_storage(v)
 
 
+# URL schemes a result storage may have: fsspec file systems this environment installs (s3fs comes with dvc-s3)
+REMOTE_RESULT_SCHEMES = ("s3",)
+Storage = Path | str   # a result storage: a directory, or an s3:// URL (`is_url`)
+
+
 def check_result_storage(v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
-        raise ValueError("must be a directory path (a non-empty string)")
+        raise ValueError("must be a directory path or an s3:// URL (a non-empty string)")
     if "://" in v:
-        raise ValueError("must be a directory path (relative to the project root, or absolute), not a URL")
+        scheme, _, rest = v.partition("://")
+        if scheme not in REMOTE_RESULT_SCHEMES:
+            raise ValueError(f"a URL must be s3://<bucket>[/<prefix>], not {scheme}:// (or give a directory path, "
+                             "relative to the project root or absolute)")
+        parts = rest.rstrip("/").split("/")
+        if not parts[0] or any(p in ("", ".", "..") for p in parts[1:]):
+            raise ValueError(f"{v!r}: an s3:// URL needs a bucket and a prefix without empty, '.' or '..' parts")
     return v
+
+
+def is_url(storage: Storage) -> bool:
+    return isinstance(storage, str) and "://" in storage
+
+
+def _block_name(url: str) -> str:
+    return "ragteam-results-" + hashlib.sha256(url.encode()).hexdigest()[:12]
+
+
+def storage_block(storage: Storage) -> Path | str:
+    """What a flow's `result_storage` is given: a directory as such (Prefect writes through an unsaved
+    LocalFileSystem), an s3:// URL as the slug of the RemoteFileSystem block `save_storage_block` creates (Prefect
+    persists results only through blocks saved on its server, and loads this one when a run persists)."""
+    return f"remote-file-system/{_block_name(storage)}" if is_url(storage) else storage
+
+
+def save_storage_block(storage: Storage) -> None:
+    """Create or update, on the Prefect API in use, the block an s3:// result storage is referred to by
+    (`storage_block`): a RemoteFileSystem on that URL, without credentials (fsspec/s3fs reads the usual AWS_*
+    variables on whichever host writes or reads). A directory needs none."""
+    if is_url(storage):
+        from prefect.filesystems import RemoteFileSystem
+
+        RemoteFileSystem(basepath=str(storage)).save(_block_name(str(storage)), overwrite=True)
 
 
 def parallel_stages(cfg: PrefectParams, params: dict, cpus: int | None = None) -> int:
@@ -131,14 +168,20 @@ def load_prefect_params(root: Path, stages: dict[str, lin.Stage]) -> PrefectPara
     return cfg
 
 
-def result_storage_for(root: str | Path) -> Path:
-    """The directory Prefect persists this project's flow results in: $RAGTEAM_RESULT_STORAGE if set (an
-    orchestrator sets it for the deployment runs it starts, so both sides use one directory), else
-    `params.yaml: prefect.result_storage` of `root` (relative paths are under `root`), else `.prefect/results`."""
+def result_storage_for(root: str | Path) -> Storage:
+    """Where Prefect persists this project's flow results: $RAGTEAM_RESULT_STORAGE if set (an orchestrator sets it
+    for the deployment runs it starts, so both sides use one place), else `params.yaml: prefect.result_storage` of
+    `root` (relative paths are under `root`), else `.prefect/results`. A directory as a resolved Path, an s3:// URL
+    as a string without a trailing slash."""
     if env := os.environ.get(RESULT_STORAGE_ENV):
+        if "://" in env:
+            try:
+                return check_result_storage(env).rstrip("/")
+            except ValueError as e:
+                raise ValueError(f"${RESULT_STORAGE_ENV}={env!r}: {e}") from None
         path = Path(env).expanduser()
         if not path.is_absolute():
-            raise ValueError(f"${RESULT_STORAGE_ENV}={env!r}: must be an absolute path")
+            raise ValueError(f"${RESULT_STORAGE_ENV}={env!r}: must be an absolute path or an s3:// URL")
         return path
     params = Path(root) / "params.yaml"
     value = DEFAULT_RESULT_STORAGE
@@ -150,6 +193,8 @@ def result_storage_for(root: str | Path) -> Path:
                 check_result_storage(value)
             except ValueError as e:
                 raise ParamsError(f"{params}: invalid params:\n  prefect.result_storage: {e} (got {value!r})") from None
+    if is_url(value):
+        return value.rstrip("/")
     return (Path(root) / Path(value).expanduser()).resolve()
 
 
@@ -354,15 +399,22 @@ def worker_files(root: Path, stages: dict[str, lin.Stage], name: str) -> dict[st
 def sendable_files(stages: dict[str, lin.Stage], targets: list[str] | None) -> set[str]:
     """What an orchestrator may ship to a remote run of `targets` (see `worker_files`): dvc.lock, the targets'
     params files and the uncached outs of other stages they depend on. Never code, dvc.yaml or anything else."""
-    allowed = {"dvc.lock"}
+    allowed = {"dvc.lock"} | upstream_uncached_outs(stages, targets)
+    for name in targets or list(stages):
+        allowed.update(stages[name].params)
+    return allowed
+
+
+def upstream_uncached_outs(stages: dict[str, lin.Stage], targets: list[str] | None) -> set[str]:
+    """The uncached outs of other stages that `targets` depend on (files, or directories such as curves)."""
+    outs: set[str] = set()
     for name in targets or list(stages):
         if name not in stages:
             raise ValueError(f"files: unknown target stage {name!r}")
-        allowed.update(stages[name].params)
         for dep in stages[name].deps:
-            allowed.update(o for other in stages.values() if other.name != name
-                           for o in other.outs if o not in other.cached_outs and lin.overlaps(dep, o))
-    return allowed
+            outs.update(o for other in stages.values() if other.name != name
+                        for o in other.outs if o not in other.cached_outs and lin.overlaps(dep, o))
+    return outs
 
 
 # A file's content in a flow's parameters or result (JSON): its text, or {"base64": ...} for bytes that are not
@@ -370,15 +422,30 @@ def sendable_files(stages: dict[str, lin.Stage], targets: list[str] | None) -> s
 FileBody = str | dict[str, str]
 
 
+MAX_SHIPPED_BYTES = 64 << 20   # uncached outs a record or a run's `files` may carry, in all
+
+
 def out_files(root: Path, paths: list[str]) -> dict[str, FileBody]:
     """Every file of `paths` under `root`, by its project path: a file, or each file below a directory (a DVCLive
-    curves directory). A path that does not exist is left out."""
+    curves directory). A path that does not exist is left out; a symlink is refused (it would ship its target);
+    more than MAX_SHIPPED_BYTES in all is refused naming the largest path (an uncached out that big belongs in
+    the DVC cache, which moves through the remote)."""
     files: dict[str, FileBody] = {}
+    sizes: dict[str, int] = {}
     for rel in paths:
         top = root / rel
-        found = [top] if top.is_file() else sorted(f for f in top.rglob("*") if f.is_file()) if top.is_dir() else []
+        found = [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []
         for f in found:
+            if f.is_symlink():
+                raise ValueError(f"files: {f.relative_to(root).as_posix()} is a symlink: not shipping its target")
+            if not f.is_file():
+                continue
             data = f.read_bytes()
+            sizes[rel] = sizes.get(rel, 0) + len(data)
+            if sum(sizes.values()) > MAX_SHIPPED_BYTES:
+                big = max(sizes, key=sizes.__getitem__)
+                raise ValueError(f"files: the uncached outs to ship exceed {MAX_SHIPPED_BYTES >> 20} MiB ({big}: "
+                                 f"{sizes[big] >> 20} MiB): make it a cached out, which moves through the DVC remote")
             try:
                 files[f.relative_to(root).as_posix()] = data.decode("utf-8")
             except UnicodeDecodeError:
@@ -397,29 +464,33 @@ def _file_bytes(rel: str, body: Any) -> bytes:
     raise ValueError(f"files: {rel!r}: the content must be text or {{'base64': ...}}, got {type(body).__name__}")
 
 
-def write_files(root: Path, files: dict[str, FileBody], allowed: set[str]) -> None:
-    """Write `files` (path -> content) under `root`: each path must be an `allowed` path or lie below one (a
-    directory out), checked for all of them, with their contents, before anything is written. A file is swapped in
-    atomically; an allowed directory that receives files is rebuilt from them alone and swapped in whole, so no
-    file of its previous version stays behind."""
-    bodies, dirs = {}, {}
+def write_files(root: Path, files: dict[str, FileBody], allowed: set[str], dirs: set[str] = frozenset()) -> None:
+    """Write `files` (path -> content) under `root`: each path must be an `allowed` path, or lie below one of
+    `dirs` (allowed outs that may be directories, e.g. DVCLive curves; never dvc.lock or a params file) that is not
+    a file here; all of them and their contents are checked before anything is written. A file is swapped in
+    atomically; a directory that receives files is rebuilt from them alone and swapped in whole, so no file of its
+    previous version stays behind."""
+    bodies, below = {}, {}
     for rel, body in files.items():
         p = PurePosixPath(rel)
         if p.is_absolute() or ".." in p.parts:
             raise ValueError(f"files: {rel!r} must be a path inside the project")
-        under = [a for a in allowed if p != PurePosixPath(a) and p.is_relative_to(PurePosixPath(a))]
+        under = [d for d in dirs & allowed if p != PurePosixPath(d) and p.is_relative_to(PurePosixPath(d))]
         if p.as_posix() not in allowed and not under:
             raise ValueError(f"files: refusing to write {rel!r}: a remote run may only write dvc.lock, the target "
                              f"stages' params files and declared outs ({', '.join(sorted(allowed))})")
-        bodies[p.as_posix()] = _file_bytes(rel, body)
         if under:
-            dirs.setdefault(min(under, key=len), []).append(p)
-    in_dirs = {p.as_posix() for ps in dirs.values() for p in ps}
+            top = min(under, key=len)
+            if (root / top).exists() and not (root / top).is_dir():
+                raise ValueError(f"files: refusing to write {rel!r}: {top} is a file here, not a directory")
+            below.setdefault(top, []).append(p)
+        bodies[p.as_posix()] = _file_bytes(rel, body)
+    in_dirs = {p.as_posix() for ps in below.values() for p in ps}
     for rel, data in bodies.items():
         if rel not in in_dirs:
             with atomic_file(root / rel, "wb") as f:
                 f.write(data)
-    for top, paths in dirs.items():
+    for top, paths in below.items():
         with atomic_dir(root / top) as tmp:
             for p in paths:
                 (tmp / p.relative_to(top)).parent.mkdir(parents=True, exist_ok=True)
@@ -442,7 +513,8 @@ def adopt_remote_result(root: Path, stages: dict[str, lin.Stage], record: dict, 
     """Orchestrator side: take the worker's dvc.lock entry and uncached outs, then `dvc pull` the stage's outs."""
     name = record["stage"]
     # the worker returns the stage's uncached outs; nothing else of this checkout may be overwritten by it
-    write_files(root, record.get("files", {}), {o for o in stages[name].outs if o not in stages[name].cached_outs})
+    uncached = {o for o in stages[name].outs if o not in stages[name].cached_outs}
+    write_files(root, record.get("files", {}), uncached, dirs=uncached)
     path = root / "dvc.lock"
     with dvc_repo_lock(root):  # other stages of this run may be committing to dvc.lock right now
         doc = (yaml.safe_load(path.read_text()) if path.exists() else None) or {"schema": "2.0", "stages": {}}
@@ -456,11 +528,12 @@ def adopt_remote_result(root: Path, stages: dict[str, lin.Stage], record: dict, 
                 repo.scm_context.ignore(str(root / out))
 
 
-def submit_to_deployment(deployment: str, name: str, parameters: dict, storage: Path) -> dict:
+def submit_to_deployment(deployment: str, name: str, parameters: dict, storage: Storage) -> dict:
     """Run one stage on the deployment's work pool, wait, and return its record: the run's return value, which it
     persists in `storage` ($RAGTEAM_RESULT_STORAGE for that run) and this side reads back through Prefect."""
     from prefect.deployments import run_deployment
 
+    save_storage_block(storage)          # the worker's run persists through it (a directory: nothing to do)
     run = run_deployment(name=deployment, parameters=parameters, flow_run_name=f"{name}-on-{deployment.split('/')[1]}",
                          job_variables={"env": {RESULT_STORAGE_ENV: str(storage)}}, poll_interval=DEPLOYMENT_POLL_S)
     where = f"stage '{name}': flow run {run.id} on {deployment}"
@@ -472,18 +545,19 @@ def submit_to_deployment(deployment: str, name: str, parameters: dict, storage: 
     except (OSError, ValueError) as e:  # e.g. a worker on another host wrote to a directory this machine lacks
         raise StageFailed(f"{where} completed, but its result could not be read from {storage} "
                           f"({type(e).__name__}: {e}); prefect.result_storage must be a directory the workers and "
-                          f"this machine share at the same path") from None
+                          f"this machine share at the same path, or an s3:// URL both can reach") from None
     record = result.get("stages", {}).get(name) if isinstance(result, dict) else None
     if not isinstance(record, dict) or record.get("stage") != name:
         raise StageFailed(f"{where} returned no record for the stage (its result: {str(result)[:200]})")
     return record
 
 
-def read_worker_result(state: Any, storage: Path) -> Any:
-    """The return value a worker's flow run persisted, read as plain JSON from inside `storage`. Never through
-    Prefect's own deserialiser (`state.result()`): that decodes with whatever serializer the run's state names,
-    pickle included, so whoever can write a run's state or the shared directory could run code here. Refused: a
-    state that names no stored result, a serializer other than json, a path outside `storage`."""
+def read_worker_result(state: Any, storage: Storage) -> Any:
+    """The return value a worker's flow run persisted, read as plain JSON from inside `storage` (a directory, or an
+    s3:// URL through fsspec). Never through Prefect's own deserialiser (`state.result()`): that decodes with
+    whatever serializer the run's state names, pickle included, so whoever can write a run's state or the shared
+    storage could run code here. Refused: a state that names no stored result, a serializer other than json, a key
+    outside `storage`."""
     meta = getattr(state, "data", None)
     if isinstance(meta, dict):
         key, ser = meta.get("storage_key"), (meta.get("serializer") or {}).get("type")
@@ -493,11 +567,21 @@ def read_worker_result(state: Any, storage: Path) -> Any:
         raise ValueError("the run's state names no persisted result (no storage_key)")
     if ser != "json":
         raise ValueError(f"the run's result is serialised as {ser!r}, not json: not reading it")
-    root = storage.resolve()
-    path = (Path(key) if Path(key).is_absolute() else root / key).resolve()
-    if not path.is_relative_to(root):
-        raise ValueError(f"the run's result {path} lies outside the result storage {root}")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    if is_url(storage):
+        base = str(storage).rstrip("/")
+        url = key if "://" in key else f"{base}/{key}"
+        if not url.startswith(base + "/") or any(p in ("", ".", "..") for p in url[len(base) + 1:].split("/")):
+            raise ValueError(f"the run's result {url} lies outside the result storage {base}")
+        import fsspec
+
+        with fsspec.open(url, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    else:
+        root = Path(storage).resolve()
+        path = (Path(key) if Path(key).is_absolute() else root / key).resolve()
+        if not path.is_relative_to(root):
+            raise ValueError(f"the run's result {path} lies outside the result storage {root}")
+        data = json.loads(path.read_text(encoding="utf-8"))
     if isinstance(data, dict) and set(data) == {"metadata", "result"} and isinstance(data["result"], str):
         data = json.loads(data["result"])  # a whole result record (metadata stored beside the value)
     return data
@@ -607,9 +691,9 @@ def describe_plan(root: str | Path | None = None, targets: list[str] | None = No
     return lines
 
 
-def _import_time_storage() -> Path:  # a Path: Prefect writes results there through an (unsaved) LocalFileSystem
+def _import_time_storage() -> Any:  # Prefect writes results there through an unsaved block (`storage_block`)
     try:
-        return result_storage_for(PROJECT)
+        return storage_block(result_storage_for(PROJECT))
     except (ParamsError, ValueError):  # reported, naming the param, when the flow runs (load_prefect_params)
         return PROJECT / DEFAULT_RESULT_STORAGE
 
@@ -647,7 +731,7 @@ def pipeline(
         checkout_commit(r, git_commit, get_run_logger())
     stages = lin.load_stages(r)
     if files:
-        write_files(r, files, sendable_files(stages, targets))
+        write_files(r, files, sendable_files(stages, targets), dirs=upstream_uncached_outs(stages, targets))
         stages = lin.load_stages(r)  # params files may have changed templated values
     graph = lin.build_graph(stages)
     cfg = load_prefect_params(r, stages)
@@ -717,4 +801,6 @@ def pipeline(
 def flow_for(root: str | Path):
     """`pipeline` persisting its results in `root`'s result storage (the module-level flow uses this checkout's,
     or $RAGTEAM_RESULT_STORAGE)."""
-    return pipeline.with_options(result_storage=result_storage_for(root))
+    storage = result_storage_for(root)
+    save_storage_block(storage)
+    return pipeline.with_options(result_storage=storage_block(storage))

@@ -2,7 +2,7 @@
 stage 2 on top-5 samples with R_a2 (Eq. 5) from the stage-1 model (`stage1_reward: stage2` trains both stages with
 Eq. 5: MAPS Figure 3's single-reward design).
 
-Writes models/agents/answer (safetensors + model card), reports/training/train_answer.csv (+ PNG) and
+Writes models/agents/answer (safetensors + model card), the curves reports/training/train_answer/ (DVCLive; + PNG) and
 metrics/train_answer.json. Resumes from checkpoints/train_answer after a kill.
 """
 from __future__ import annotations

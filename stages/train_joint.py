@@ -3,9 +3,10 @@ system (PPO with a critic for M-ASK; DECOR's per-role group advantages, no criti
 
 Usage: python -m stages.train_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Reads `joint.ppo` (shared
 PPO settings), `joint.<system>` (training questions, per-system PPO overrides, and for QAgent its training params)
-and the system's own inference section (e.g. `mask`). QAgent trains in two stages (`run_qagent`). Writes models/agents/<system> (LoRA merged, safetensors + model card),
-reports/training/train_joint_<system>.csv (+ PNG) and metrics/train_joint_<system>.json. Checkpoints live in
-checkpoints/train_joint_<system> (not a DVC out): a killed run, rerun, resumes from the last one.
+and the system's own inference section (e.g. `mask`). QAgent trains in two stages (`run_qagent`). Writes
+models/agents/<system> (LoRA merged, safetensors + model card), the curves reports/training/train_joint_<system>/
+(DVCLive; + PNG) and metrics/train_joint_<system>.json. Checkpoints live in checkpoints/train_joint_<system> (not a
+DVC out): a killed run, rerun, resumes from the last one.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Stage train_judge (MAPS Algorithm 1 step 7): SFT of the judge agent on the unanimity labels (T3), the loss on
-the assistant turn only. Writes models/agents/judge, reports/training/train_judge.csv (+ PNG),
+the assistant turn only. Writes models/agents/judge, the curves reports/training/train_judge/ (DVCLive; + PNG),
 metrics/train_judge.json. Resumes from checkpoints/train_judge after a kill.
 """
 from __future__ import annotations

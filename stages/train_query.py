@@ -3,7 +3,7 @@
 Each sampled query is sanitised (the MAPS query parser), retrieved, and the frozen trained answer agent
 (models/agents/answer) answers with and without its chunks; both answers come from batched engine calls and are
 cached per (question, pool) (`ragteam.train.maps.AnswerPairs`). The share of zero rewards is reported.
-Writes models/agents/query, reports/training/train_query.csv (+ PNG), metrics/train_query.json.
+Writes models/agents/query, the curves reports/training/train_query/ (DVCLive; + PNG), metrics/train_query.json.
 """
 from __future__ import annotations
 

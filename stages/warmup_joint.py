@@ -4,7 +4,7 @@ on each role's output tokens only) on its oracle traces, stopped once the held-o
 (`ragteam.warmup.sft`); `warmup.systems.<system>` overrides keys for one system. train_joint@<system> starts from it.
 
 Usage: python -m stages.warmup_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Writes models/warmup/<system>
-(LoRA merged, safetensors + model card), reports/training/warmup_joint_<system>.csv (+ PNG) and
+(LoRA merged, safetensors + model card), the curves reports/training/warmup_joint_<system>/ (DVCLive; + PNG) and
 metrics/warmup_joint_<system>.json (held-out format error rate at the first probe and after, per role; before, when
 the start model is probed). With `warmup.enabled`
 false (the paper profile) it trains nothing and the dir holds only `warmup_off.json`: the system starts from

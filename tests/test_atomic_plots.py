@@ -153,3 +153,32 @@ def test_every_training_stage_declares_its_dvclive_curves_and_dvc_plots_renders_
     spec = shown[f"{base}/loss.tsv"][0]["content"]
     assert spec["encoding"]["x"]["field"] == "step"
     assert [(v["step"], v["loss"]) for v in spec["data"]["values"]] == [("1", "2.0"), ("2", "1.5")]
+
+
+def test_dvclive_posts_nothing_to_studio_here_even_for_a_user_logged_in(tmp_path, monkeypatch):
+    """The project's .dvc/config sets `studio.offline`: a training stage's DVCLive sends no events to DVC Studio
+    even where a token is configured (`dvc studio login` writes one to the user's global config)."""
+    import shutil
+    import subprocess
+
+    import dvclive.studio
+
+    sent = []
+    monkeypatch.setattr(dvclive.studio, "post_live_metrics", lambda *a, **kw: sent.append(kw) or True)
+    monkeypatch.setenv("DVC_STUDIO_TOKEN", "isat_not-a-real-token")
+    monkeypatch.setenv("DVC_STUDIO_URL", "http://127.0.0.1:9")
+    monkeypatch.delenv("DVC_STUDIO_OFFLINE", raising=False)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "b"],
+                   cwd=tmp_path, check=True)
+    subprocess.run(["git", "remote", "add", "origin", "https://example.com/team/ragteam.git"], cwd=tmp_path, check=True)
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))           # inside `dvc repro`, where DVCLive would post
+    (tmp_path / ".dvc/config").write_text("[core]\n    analytics = false\n")
+    write_curves([{"step": 1, "reward": 0.5}], "reports/training/stage")
+    assert sent, "control: without studio.offline DVCLive posts (else this test cannot see a post)"
+    sent.clear()
+    shutil.copy(REPO / ".dvc/config", tmp_path / ".dvc/config")
+    write_curves([{"step": 1, "reward": 0.5}], "reports/training/stage")
+    assert sent == []

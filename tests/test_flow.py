@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_dvc_remote_s3 import BUCKET, KEY, SECRET, s3_endpoint  # noqa: F401  (moto's S3 server)
 from ray_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -402,16 +403,36 @@ def test_a_training_stages_uncached_outs_travel_whole_curves_directory_and_png_i
     files = json.loads(json.dumps(files))                     # through the run's JSON result
     (here / curves / "plots/metrics").mkdir(parents=True)
     (here / curves / "plots/metrics/stale.tsv").write_text("from an earlier run\n")
-    allowed = {curves, png, "metrics/train_judge.json"}
+    # the stage's uncached outs as dvc.yaml declares them: DVCLive's summary file, the curves directory, the figure
+    outs = {f"{curves}/metrics.json", f"{curves}/plots/metrics", png, "metrics/train_judge.json"}
+    files = {k: v for k, v in files.items() if k != f"{curves}/metrics.json"} | {
+        f"{curves}/metrics.json": files[f"{curves}/metrics.json"]}
+    (here / "metrics").mkdir()
+    (here / "metrics/train_judge.json").write_text("{}")
     for bad, body in (("reports/training/other/x.tsv", "x"), (f"{curves}/../../../escape", "x"),
-                      (f"{curves}/a.tsv", {"base64": "not base64!"}), (f"{curves}/b.tsv", 3)):
+                      (f"{curves}/plots/metrics/a.tsv", {"base64": "not base64!"}),
+                      (f"{curves}/plots/metrics/b.tsv", 3),
+                      ("metrics/train_judge.json/x", "a file turned into a directory"),
+                      (f"{curves}/metrics.json/x", "nor a file out that is not here yet")):
         with pytest.raises(ValueError, match="refusing to write|inside the project|does not decode|must be text"):
-            fp.write_files(here, {**files, bad: body}, allowed)
+            fp.write_files(here, {**files, bad: body}, outs,
+                           dirs={f"{curves}/plots/metrics", "metrics/train_judge.json"})
         assert not (here / png).exists()                     # checked before anything was written
-    fp.write_files(here, files, allowed)
+    assert (here / "metrics/train_judge.json").read_text() == "{}"
+    fp.write_files(here, files, outs, dirs={f"{curves}/plots/metrics"})
     assert (here / png).read_bytes() == figure
     assert sorted(p.relative_to(here / curves).as_posix() for p in (here / curves).rglob("*") if p.is_file()) == [
         "metrics.json", "plots/metrics/loss.tsv"]              # stale.tsv went with the old directory
+    (worker / curves / "plots/metrics/link.tsv").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(ValueError, match="link.tsv is a symlink"):
+        fp.out_files(worker, [curves])
+    (worker / curves / "plots/metrics/link.tsv").unlink()
+    fp.MAX_SHIPPED_BYTES, cap = 100, fp.MAX_SHIPPED_BYTES
+    try:
+        with pytest.raises(ValueError, match=f"exceed 0 MiB \\({png}: 0 MiB\\): make it a cached out"):
+            fp.out_files(worker, [curves, png])
+    finally:
+        fp.MAX_SHIPPED_BYTES = cap
 
 
 def test_the_orchestrator_refuses_code_changes_a_gpu_worker_could_not_see(flows_mod, tmp_path):
@@ -512,6 +533,39 @@ def test_the_orchestrator_reads_a_workers_result_as_json_from_its_storage_only(f
             fp.read_worker_result(state, storage)
 
 
+def test_results_persist_on_s3_and_the_orchestrator_reads_them_there(flows_mod, tmp_path, monkeypatch, s3_endpoint):
+    """With `prefect.result_storage: s3://...` (moto's server here) a flow run persists its return value as JSON in
+    the bucket, and the orchestrator reads it back from there, as it would a GPU worker's on another host; a key
+    outside the storage's prefix is refused."""
+    from types import SimpleNamespace as NS
+
+    import boto3
+
+    fp = flows_mod
+    for var, value in (("AWS_ACCESS_KEY_ID", KEY), ("AWS_SECRET_ACCESS_KEY", SECRET), ("AWS_ENDPOINT_URL", s3_endpoint),
+                       ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(var, value)
+    url = f"s3://{BUCKET}/prefect-results"
+    monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", url)
+    repo = chain_repo(tmp_path / "toy")
+    assert fp.result_storage_for(repo) == url
+    done = fp.flow_for(repo)(root=str(repo), dry_run=True, return_state=True)
+    assert done.is_completed(), done
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:   # the run as the server has it, as a deployment run's is read
+        state = client.read_flow_run(done.state_details.flow_run_id).state
+    key = state.data.storage_key           # relative to the saved block's basepath: this storage
+    assert fp.read_worker_result(state, url) == {"plan": [["make"], ["count"]]}
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id=KEY,
+                      aws_secret_access_key=SECRET)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
+    assert keys == [f"prefect-results/{key}"]
+    for key in (f"s3://{BUCKET}/elsewhere/x", f"{url}/../elsewhere/x", f"{url}-other/x"):
+        with pytest.raises(ValueError, match="outside the result storage"):
+            fp.read_worker_result(NS(data={"storage_key": key, "serializer": {"type": "json"}}), url)
+
+
 def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypatch):
     repo = chain_repo(tmp_path / "toy", gpu_stages=["count"])
     assert flows_mod.describe_plan(repo) == ["level 0: make [local]", "level 1: count [local] after make"]
@@ -547,7 +601,12 @@ def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypa
         (repo / "params.yaml").write_text(yaml.safe_dump(params))
         assert flows_mod.result_storage_for(repo) == where
         assert flows_mod.flow_for(repo).result_storage == where
-    for bad, why in (("s3://bucket/results", "not a URL"), ("", "non-empty"), (3, "string")):
+    params["prefect"] = prefect_section(result_storage="s3://team-bucket/ragteam/results/")
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    assert flows_mod.result_storage_for(repo) == "s3://team-bucket/ragteam/results"
+    assert flows_mod.storage_block(flows_mod.result_storage_for(repo)).startswith("remote-file-system/ragteam-results-")
+    for bad, why in (("gs://bucket/results", "not gs://"), ("s3://", "needs a bucket"),
+                     ("s3://b/../up", "without empty, '.' or '..'"), ("", "non-empty"), (3, "string")):
         params["prefect"] = prefect_section(result_storage=bad)
         (repo / "params.yaml").write_text(yaml.safe_dump(params))
         with pytest.raises(flows_mod.ParamsError, match=rf"invalid params:\n  prefect\.result_storage: .*{why}"):
@@ -557,7 +616,10 @@ def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypa
     monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", str(tmp_path / "from-env"))
     assert flows_mod.result_storage_for(repo) == tmp_path / "from-env"
     monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", "relative")
-    with pytest.raises(ValueError, match="RAGTEAM_RESULT_STORAGE='relative': must be an absolute path"):
+    with pytest.raises(ValueError, match="RAGTEAM_RESULT_STORAGE='relative': must be an absolute path or an s3://"):
+        flows_mod.result_storage_for(repo)
+    monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", "ftp://host/x")
+    with pytest.raises(ValueError, match="RAGTEAM_RESULT_STORAGE='ftp://host/x': a URL must be s3://"):
         flows_mod.result_storage_for(repo)
 
 

@@ -36,7 +36,7 @@ def test_the_llm_stages_import_here_without_the_orchestrators_packages():
                    "ragteam.llm.policy", "ragteam.llm.vllm_backend", "ragteam.retrieval.loader"):
         importlib.import_module(module)
     assert importlib.util.find_spec("prefect") is None      # the orchestrator's alone (its pins conflict with vLLM's)
-    # the training stages log their curves with DVCLive (which brings dvc) wherever they run, at the main lock's versions
+    # the training stages log their curves with DVCLive (which brings dvc) wherever they run; the main lock's versions
     main = _pins(REPO / "requirements.lock")
     for dist in ("dvclive", "dvc", "tensorboardx"):
         assert version(dist) == main[dist], dist
