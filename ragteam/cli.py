@@ -165,7 +165,12 @@ def _at_rev(rev: str, path: str) -> dict | None:
     import subprocess
 
     got = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
-    return json.loads(got.stdout) if got.returncode == 0 else None
+    if got.returncode:
+        return None
+    try:
+        return json.loads(got.stdout)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{rev[:7]}:{path}: not JSON ({e})") from None
 
 
 @replicate_app.command("joint-summary")

@@ -80,6 +80,7 @@ def test_summary_by_hand():
     assert s["pairs"]["warm-up − base"]["f1"]["per_seed"][2]["diff"] == 12.0
     assert s["training"]["RL reward, first steps"]["per_seed"] == [-0.5, -0.4, -0.3]
     assert s["training"]["RL reward, first steps"]["mean"] == -0.4
+    assert s["training"]["warm-up format errors (held out, at the stop)"]["sd"] == 0.05   # 4 decimals for rates
     assert s["training"]["warm-up format errors (held out, at the stop)"]["per_seed"] == [0.0, 0.05, 0.1]
 
 
@@ -97,6 +98,9 @@ def test_runs_must_differ_only_in_the_joint_seeds_and_hold_every_pair():
         js.summarize(runs, ["mask"])
     with pytest.raises(ValueError, match="main: metrics/eval.json has no jade.avg.em: add the row to eval.systems"):
         js.summarize(js.load_runs(_exp_show(REVS), _read)[0], ["jade"])
+    no_compare = lambda rev, path: None if path == js.COMPARE_FILE and rev == REVS[1] else _read(rev, path)  # noqa
+    with pytest.raises(ValueError, match="joint-seed1 \\(bbbbbbb\\): no metrics/eval_compare.json at that commit"):
+        js.load_runs(_exp_show(REVS), no_compare)
 
 
 def test_cli_reads_each_run_at_its_own_commit(tmp_path, monkeypatch):

@@ -24,7 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from ragteam.eval import stats
 from ragteam.eval.replicate import Run, check_runs, runs_from_exp_show
 
-SEEDS = ("warmup.sft.seed", "joint.ppo.seed")   # what a joint study varies: the warm-up's SFT and RL's sampling
+# What a joint study varies: the warm-up's SFT and RL's sampling, for every system at once. A system that pins its
+# own seed (`joint.<system>.ppo.seed`, an override) is not varied by these flags: keep the study's systems on the
+# shared seed (check_runs refuses runs that differ in such an override, but not a pin they all share).
+SEEDS = ("warmup.sft.seed", "joint.ppo.seed")
 EVAL_FILE = "metrics/eval.json"
 COMPARE_FILE = "metrics/eval_compare.json"
 TRAIN_FILE = "metrics/train_joint_{system}.json"
@@ -53,7 +56,11 @@ def load_runs(entries: Sequence[Mapping], read: Callable[[str, str], dict | None
                                      read_record=lambda rev: read(rev, EVAL_FILE))
     for r in runs:
         r.seed_params = SEEDS
-        r.metrics = {EVAL_FILE: r.metrics, COMPARE_FILE: read(r.rev, COMPARE_FILE) or {}}
+        compare = read(r.rev, COMPARE_FILE)
+        if compare is None:
+            raise ValueError(f"{r.name} ({r.rev[:7]}): no {COMPARE_FILE} at that commit (evaluate writes it with "
+                             f"metrics/eval.json): the run is incomplete")
+        r.metrics = {EVAL_FILE: r.metrics, COMPARE_FILE: compare}
     notes += check_runs(runs, what=EVAL_FILE)
     for r in runs:
         systems = r.params.get("joint.systems") or []
@@ -102,8 +109,10 @@ def summarize(runs: Sequence[Run], systems: Sequence[str], level: float = 0.95) 
                                    "significant_seeds": sum(p["significant"] for p in per)}
         for label, (path, key) in TRAINING.items():
             vals = [r.metrics.get(path.format(system=s), {}).get(key) for r in runs]
-            training[label] = (stats.seed_summary([float(v) for v in vals], level).to_dict() | {"per_seed": vals}
-                               if all(isinstance(v, (int, float)) for v in vals) else {"per_seed": vals})
+            # rates in [0, 1] and rewards: 4 decimals (seed_summary's default 2 suits scores in percent)
+            training[label] = (stats.seed_summary([float(v) for v in vals], level, digits=4).to_dict()
+                               | {"per_seed": vals} if all(isinstance(v, (int, float)) for v in vals)
+                               else {"per_seed": vals})
         out[s] = {"questions": sorted(questions), "rows": rows, "pairs": pairs, "training": training}
     return out
 
