@@ -173,6 +173,16 @@ def _at_rev(rev: str, path: str) -> dict | None:
         raise ValueError(f"{rev[:7]}:{path}: not JSON ({e})") from None
 
 
+def _write_report(out_md: Path, out_json: Path, md: str, summary: dict) -> None:
+    """A study's summary as JSON and its report as markdown (each written atomically); the report is echoed."""
+    from ragteam.io import atomic_file, write_json
+
+    write_json(out_json, summary)
+    with atomic_file(out_md) as f:
+        f.write(md)
+    typer.echo(md)
+
+
 @replicate_app.command("joint-summary")
 def replicate_joint_summary(
     exp_json: Optional[Path] = typer.Option(None, "--exp-json", help="saved `dvc exp show --json` output "
@@ -187,7 +197,6 @@ def replicate_joint_summary(
     the joint seeds): mean ± sd, t-interval over seeds, each seed's paired bootstrap -> reports/joint_study.md and
     metrics/joint_study.json."""
     from ragteam.eval import joint_study
-    from ragteam.io import atomic_file, write_json
 
     try:
         runs, notes = joint_study.load_runs(_exp_show(exp_json), _at_rev, select=exp)
@@ -197,11 +206,7 @@ def replicate_joint_summary(
         summary = joint_study.summarize(runs, names)
     except (ValueError, OSError) as e:
         raise fail(e)
-    md = joint_study.report_markdown(summary, names, notes)
-    write_json(out_json, summary)
-    with atomic_file(out_md) as f:
-        f.write(md)
-    typer.echo(md)
+    _write_report(out_md, out_json, joint_study.report_markdown(summary, names, notes), summary)
 
 
 @replicate_app.command("summarize")
@@ -221,7 +226,6 @@ def replicate_summarize(
     pooled paired bootstrap -> reports/replicate.md and metrics/replicate.json."""
     from ragteam.eval import replicate as rep
     from ragteam.eval.stats import BootstrapConfig
-    from ragteam.io import atomic_file, write_json
 
     def read_json(path: Path) -> dict:
         return json.loads(path.read_text())
@@ -239,11 +243,7 @@ def replicate_summarize(
         summary = rep.summarize_replicates(runs, cfg)
     except (ValueError, OSError) as e:
         raise fail(e)
-    md = rep.report_markdown(summary, notes, cfg)
-    write_json(out_json, summary)
-    with atomic_file(out_md) as f:
-        f.write(md)
-    typer.echo(md)
+    _write_report(out_md, out_json, rep.report_markdown(summary, notes, cfg), summary)
 
 
 flow_app = typer.Typer(no_args_is_help=True, help="Run the dvc.yaml stages as a Prefect flow.")
