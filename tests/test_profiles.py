@@ -138,9 +138,9 @@ def test_a_repeated_key_is_an_error_not_a_silently_dropped_section(tmp_path):
     assert load_params(p) == {"a": {"x": 1, "y": 2}, "b": {"x": 1}}
 
 
-def test_joint_study_profile_sets_a_rows_own_field_and_a_typo_in_a_row_is_still_an_error(tmp_path):
+def test_a_profile_sets_a_rows_own_field_and_a_typo_in_a_row_is_still_an_error(tmp_path):
     """A row of eval.systems may get a field it leaves at its default (its own n_questions); `+` adds it under DVC's
-    Hydra grammar, and DVC's own override writer turns the flags into the params the study's runs evaluate with."""
+    Hydra grammar, and DVC's own override writer turns the flags into the params a run evaluates with."""
     from pathlib import Path
 
     from dvc.utils.hydra import apply_overrides
@@ -148,15 +148,19 @@ def test_joint_study_profile_sets_a_rows_own_field_and_a_typo_in_a_row_is_still_
     from ragteam.profiles import profile_flags
 
     repo = Path(__file__).resolve().parents[1]
-    flags = profile_flags(["joint_study"], repo / "params.yaml", repo / "profiles")
-    assert "-S '+eval.systems.decor_trained.n_questions=40'" in flags and len(flags) == 12
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "more.yaml").write_text(yaml.safe_dump(
+        {"eval": {"systems": {"sure": {"n_questions": 40}, "decor_trained": {"n_questions": 64}}}}))
+    flags = profile_flags(["more"], repo / "params.yaml", tmp_path / "profiles")
+    assert "-S '+eval.systems.sure.n_questions=40'" in flags                  # a new key: added
+    assert "-S 'eval.systems.decor_trained.n_questions=64'" in flags and len(flags) == 2   # an existing one: set
     params = tmp_path / "params.yaml"
     params.write_text((repo / "params.yaml").read_text())
     apply_overrides(str(params), [f.split(" ", 1)[1].strip("'") for f in flags])
     rows = load_params(params)["eval"]["systems"]
-    assert rows["decor_trained"] == {"workflow": "decor", "model": "models/agents/decor", "n_questions": 40}
-    assert rows["maps"]["n_questions"] == 40 and "n_questions" not in rows["sure"]   # the other rows as they were
-    (tmp_path / "profiles").mkdir()
+    assert rows["sure"] == {"workflow": "sure", "n_questions": 40}
+    assert rows["decor_trained"] == {"workflow": "decor", "model": "models/agents/decor", "n_questions": 64}
+    assert rows["maps"]["n_questions"] == 40 and "n_questions" not in rows["ircot"]   # the other rows as they were
     (tmp_path / "profiles" / "bad.yaml").write_text(yaml.safe_dump({"eval": {"systems": {"mask": {"n_question": 4}}}}))
     with pytest.raises(ParamsError, match=r"eval\.systems\.mask\.n_question' does not exist"):
         profile_flags(["bad"], repo / "params.yaml", tmp_path / "profiles")

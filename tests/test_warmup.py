@@ -133,6 +133,45 @@ def test_warmup_probes_every_step_and_stops_at_the_threshold_or_the_cap(tiny_lla
     assert probes == [(2, 0.5), (3, 0.1)] and res.extra["stopped_by"] == "threshold"   # every 2, and at the cap
 
 
+def test_no_probe_before_probe_from_but_always_one_at_the_cap(tiny_llama, tmp_path, monkeypatch):
+    from ragteam.warmup import sft as W
+
+    system = oracle_system("decor", PARAMS)
+    sampling = {"default": SamplingConfig(max_new_tokens=4)}
+    seen: list[int] = []
+    monkeypatch.setattr(W.FormatProbe, "__call__", lambda self, model: seen.append(1) or {"format_error_rate": 1.0})
+    res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "a"),
+                         _params(probe_at_start=False, probe_every=1, probe_from=3,
+                                 sft={**_params().sft.model_dump(), "steps": 4}), sampling, CPU)
+    probes = [h["step"] for h in res.log_history if "format_error_rate" in h]
+    assert probes == [3, 4] and res.global_step == 4 and res.extra["stopped_by"] == "step cap"
+    res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "b"),
+                         _params(probe_at_start=False, probe_every=2, probe_from=9), sampling, CPU)
+    assert [h["step"] for h in res.log_history if "format_error_rate" in h] == [3]   # past the cap: the cap alone
+
+
+def test_where_the_probe_runs_changes_when_training_stops_never_what_a_step_learns(tiny_llama, tmp_path):
+    """The real probe (greedy decoding with the trainer's model, in eval mode) after every step, against none
+    before the cap: the same weights after the same steps, so `probe_from` only saves the probes' time."""
+    import torch
+
+    from ragteam.warmup import sft as W
+
+    system = oracle_system("decor", PARAMS)
+    sampling = {"default": SamplingConfig(max_new_tokens=6)}
+    runs = {}
+    for name, kw in {"every_step": {"probe_every": 1}, "cap_only": {"probe_every": 1, "probe_from": 99}}.items():
+        res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / name),
+                             _params(format_threshold=0.0, **kw), sampling, CPU)    # 0: never below, to the cap
+        assert res.global_step == 3 and res.extra["stopped_by"] == "step cap"
+        runs[name] = ([h["step"] for h in res.log_history if "format_error_rate" in h],
+                      {k: v.detach().clone() for k, v in res.model.named_parameters() if "lora" in k})
+    assert runs["every_step"][0] == [0, 1, 2, 3] and runs["cap_only"][0] == [0, 3]
+    assert runs["cap_only"][1] and runs["every_step"][1].keys() == runs["cap_only"][1].keys()
+    for k, v in runs["every_step"][1].items():
+        assert torch.equal(v, runs["cap_only"][1][k]), k
+
+
 def test_every_role_stops_only_when_no_role_is_left_above_the_threshold():
     """DECOR's lock run: the Filter failed half its probe rows while the mean over roles was 17 %; the mean rule
     stopped there, the per-role rule does not."""

@@ -1,8 +1,8 @@
 """Seed study of the joint systems (issue 25 §3): each system's base model, format warm-up only and warm-up + RL,
-scored by `evaluate` in runs that differ only in the joint training seeds, launched as DVC experiments:
+scored by `evaluate` (the 12 joint rows on 40 questions each, `eval.systems`) in runs that differ only in the joint
+training seeds, launched as DVC experiments (seed 0 is the default run's own seeds):
 
-    for s in 0 1 2; do ragteam profile flags joint_study | xargs dvc exp run --queue -n joint-seed$s \
-        $(ragteam replicate flags $s --kind joint); done   # joint_study: the 12 joint rows on 40 questions
+    for s in 0 1 2; do dvc exp run --queue -n joint-seed$s $(ragteam replicate flags $s --kind joint); done
     dvc queue start --jobs 1                  # or: dvc exp run --run-all
     ragteam replicate joint-summary --exp joint-seed0 --exp joint-seed1 --exp joint-seed2
 
@@ -155,8 +155,7 @@ def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[st
     if notes:
         parts += ["Left out:", "", *(f"- {n}" for n in notes), ""]
     parts += ["How the runs were launched (the seeds are params; each run is a DVC experiment):", "", "```bash",
-              "for s in 0 1 2; do ragteam profile flags joint_study | xargs dvc exp run --queue -n joint-seed$s "
-              "$(ragteam replicate flags $s --kind joint); done",
+              "for s in 0 1 2; do dvc exp run --queue -n joint-seed$s $(ragteam replicate flags $s --kind joint); done",
               "dvc queue start --jobs 1",
               "ragteam replicate joint-summary " + " ".join(f"--exp {r['name']}" for r in runs), "```", ""]
     return "\n".join(parts)

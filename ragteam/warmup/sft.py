@@ -6,7 +6,8 @@ held-out format error rate.
                    (`ragteam.llm.chat_text`, as the engines encode it), then the response's ids, then EOS where the
                    response ended on EOS; loss on the response tokens only (TRL SFTTrainer, `completion_mask`)
 
-Every `probe_every` optimiser steps (and once before the first, with `probe_at_start`) `FormatProbe` has the policy
+Every `probe_every` optimiser steps from step `probe_from` on (and once before the first, with `probe_at_start`;
+always after the last, the cap) `FormatProbe` has the policy
 answer the probe rows' prompts greedily with each role's own sampling settings as its workflow sends them (budget,
 stop strings) through the project's HF engine, and parses each output with the role's own parser: the held-out
 format error rate per role, and their mean. Training stops when the mean falls below `format_threshold`
@@ -51,6 +52,7 @@ class WarmupParams(Strict):
     rows_per_role: int = Field(64, ge=1)              # SFT rows per role at most (each role gets its share)
     probe_rows_per_role: int = Field(4, ge=1)         # held-out rows per role the probe answers
     probe_every: int = Field(8, ge=1)                 # optimiser steps between probes
+    probe_from: int = Field(0, ge=0)                  # no probe after a step before this one (but at the cap)
     probe_at_start: bool = True                       # probe the start model too (format_error_rate_before)
     format_threshold: float = Field(0.2, ge=0, le=1)  # stop once the probe's format error rate is below it ...
     stop_when: Literal["mean", "every_role"] = "mean"  # ... the mean over roles, or every role's own rate
@@ -193,9 +195,11 @@ class FormatProbe:
 
 
 def probe_callback(probe: FormatProbe, every: int, done: Callable[[Mapping[str, float]], bool],
-                   at_start: bool = True):
-    """A TrainerCallback: probe before the first step (`at_start`) and every `every` steps; log the rates into the
-    trainer's history; stop training once `done(rates)` (`WarmupParams.below_threshold`)."""
+                   at_start: bool = True, start: int = 0):
+    """A TrainerCallback: probe before the first step (`at_start`), after every `every`-th step from step `start` on,
+    and after the last step (the cap); log the rates into the trainer's history; stop training once `done(rates)`
+    (`WarmupParams.below_threshold`). The probe decodes greedily in eval mode and draws no random numbers, so where
+    it probes changes when training stops, never what a step learns (a test compares the weights)."""
     from transformers import TrainerCallback
 
     class FormatStop(TrainerCallback):
@@ -215,7 +219,8 @@ def probe_callback(probe: FormatProbe, every: int, done: Callable[[Mapping[str, 
             return control
 
         def on_step_end(self, args, state, control, model=None, **kw):
-            if state.global_step % every == 0 or state.global_step >= state.max_steps:
+            step = state.global_step
+            if (step % every == 0 and step >= start) or step >= state.max_steps:
                 self._probe(state, control, model)
             return control
 
@@ -271,9 +276,10 @@ def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, 
     fp = fingerprint(kind="warmup_sft", system=system.name, params=model_params(p.sft),
                      model=model_identity(model_path),
                      data=rows, probe=[[r["question_id"], r["role"]] for r in probe.rows],
-                     threshold=p.format_threshold, stop_when=p.stop_when, every=p.probe_every, tag=run_tag or {})
+                     threshold=p.format_threshold, stop_when=p.stop_when, every=p.probe_every,
+                     probe_from=p.probe_from, tag=run_tag or {})
     resume = prepare_resume(ckpt_dir, fp)
-    callbacks = [probe_callback(probe, p.probe_every, p.below_threshold, p.probe_at_start)]
+    callbacks = [probe_callback(probe, p.probe_every, p.below_threshold, p.probe_at_start, p.probe_from)]
     trainer = sft_trainer(rows, model_path, ckpt_dir, p.sft, callbacks=callbacks)
     if resume and stopped_at_threshold(resume, p.below_threshold):
         # the run already ended there: load it and train no further (the trainer would go on to the cap), so a
