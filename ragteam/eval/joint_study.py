@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from ragteam.eval import stats
-from ragteam.eval.replicate import Run, check_runs, runs_from_exp_show
+from ragteam.eval.replicate import Run, check_runs, mean_sd, runs_from_exp_show
 
 # What a joint study varies: the warm-up's SFT and RL's sampling, for every system at once. A system that pins its
 # own seed (`joint.<system>.ppo.seed`, an override) is not varied by these flags: keep the study's systems on the
@@ -117,10 +117,6 @@ def summarize(runs: Sequence[Run], systems: Sequence[str], level: float = 0.95) 
     return out
 
 
-def _ms(s: Mapping) -> str:
-    return f"{s['mean']:.2f}" + (f" ± {s['sd']:.2f}" if s.get("sd") is not None else "")
-
-
 def _iv(s: Mapping) -> str:
     return f"[{s['lo']:.2f}, {s['hi']:.2f}]" if s.get("lo") is not None else "–"
 
@@ -138,7 +134,8 @@ def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[st
         x = summary[s]
         parts += [f"## {s}", "", f"Questions per run: {', '.join(map(str, x['questions']))}.", "",
                   "| row | eval row | EM mean ± sd | F1 mean ± sd |", "|---|---|---:|---:|"]
-        parts += [f"| {label} | `{r['row']}` | {_ms(r['em'])} | {_ms(r['f1'])} |" for label, r in x["rows"].items()]
+        parts += [f"| {label} | `{r['row']}` | {mean_sd(r['em'])} | {mean_sd(r['f1'])} |"
+                  for label, r in x["rows"].items()]
         parts += ["", "| difference | metric | mean ± sd | t-interval | per seed | signs |",
                   "|---|---|---:|---:|---|---|"]
         for label, p in x["pairs"].items():
@@ -146,11 +143,11 @@ def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[st
                 d = p[m]
                 per = "; ".join(f"{q['diff']:+.2f} [{q['lo']:.2f}, {q['hi']:.2f}]"
                                 + (" †" if q["significant"] else "") for q in d["per_seed"])
-                parts.append(f"| {label} | {m.upper()} | {_ms(d)} | {_iv(d)} | {per} | {d['signs']} |")
+                parts.append(f"| {label} | {m.upper()} | {mean_sd(d)} | {_iv(d)} | {per} | {d['signs']} |")
         parts += ["", "| training | mean ± sd | per seed |", "|---|---:|---|"]
         for label, t in x["training"].items():
             per = ", ".join("–" if v is None else f"{v:g}" for v in t["per_seed"])
-            parts.append(f"| {label} | {_ms(t) if 'mean' in t else '–'} | {per} |")
+            parts.append(f"| {label} | {mean_sd(t) if 'mean' in t else '–'} | {per} |")
         parts.append("")
     if notes:
         parts += ["Left out:", "", *(f"- {n}" for n in notes), ""]

@@ -169,8 +169,9 @@ def summarize_replicates(runs: Sequence[Run], cfg: BootstrapConfig = BootstrapCo
     return out
 
 
-def _ms(s: Mapping) -> str:
-    return f"{s['mean']:.2f}" + (f" ± {s['sd']:.2f}" if s["sd"] is not None else "")
+def mean_sd(s: Mapping) -> str:
+    """`mean ± sd` of a seed summary (`stats.seed_summary`), the mean alone where there is no sd (one seed)."""
+    return f"{s['mean']:.2f}" + (f" ± {s['sd']:.2f}" if s.get("sd") is not None else "")
 
 
 def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapConfig = BootstrapConfig()) -> str:
@@ -202,8 +203,8 @@ def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapC
             t_iv = f"[{g['lo']:.2f}, {g['hi']:.2f}]" if g["lo"] is not None else "–"
             pooled = "–" if p is None else f"{p['diff']:+.2f} [{p['lo']:.2f}, {p['hi']:.2f}]"
             pooled = f"**{pooled}** †" if p and p["significant"] else pooled
-            parts.append(f"| {LABELS[m]} | {'Avg' if b == 'avg' else display(b)} | {_ms(s['base'])} | "
-                         f"{_ms(s['trained'])} | {_ms(g)} | {t_iv} | {s['signs']} | "
+            parts.append(f"| {LABELS[m]} | {'Avg' if b == 'avg' else display(b)} | {mean_sd(s['base'])} | "
+                         f"{mean_sd(s['trained'])} | {mean_sd(g)} | {t_iv} | {s['signs']} | "
                          f"{s['significant_seeds']}/{g['n']} | {pooled} |")
         parts.append("")
     if notes:
