@@ -76,7 +76,7 @@ def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> lis
                                                   "groups"]), "policy_loss", "grad_norm/policy"])
     own = [s for s in stats if s not in ("turns", "searches")]
     return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), *learn,
-            ("KL", ["approx_kl", "kl_ref"]), "clip_frac", "response_tokens", "format_error_rate",
+            ("KL", ["approx_kl", "kl_ref", "kl_start"]), "clip_frac", "response_tokens", "format_error_rate",
             ("turns, searches", ["turns", "searches"]), *([("system figures", own)] if own else [])]
 
 
@@ -140,7 +140,7 @@ def run(system_name: str, params: dict) -> dict:
 
 
 QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), "zero_advantage", "policy_loss", "grad_norm/policy",
-                 ("KL", ["approx_kl", "kl_ref"]), "response_tokens", ("format errors, cut at max_seq_len",
+                 ("KL", ["approx_kl", "kl_ref", "kl_start"]), "response_tokens", ("format errors, cut at max_seq_len",
                                                                       ["format_error_rate", "truncated"]),
                  ("turns, searches", ["turns", "searches"])]
 

@@ -318,3 +318,15 @@ def test_joint_run_resumes_across_save_steps_and_micro_batch_size(tmp_path, tiny
     # what does change it starts over
     res = _train(tmp_path, tiny_llama, _mask(), steps=2, actor_lr=2e-2)
     assert res.resumed_from is None and res.global_step == 2
+
+
+def test_kl_to_the_start_model_is_zero_before_the_first_update_and_grows_once_rl_moves_the_policy(tmp_path,
+                                                                                                 tiny_llama):
+    """`kl_start` (issue 25 §3's "KL to the start model"): LoRA's B starts at 0, so at step 1 the policy is its
+    start model and the estimate is exactly 0; after updates at a large lr it is positive. Off, nothing is logged."""
+    res = _train(tmp_path / "on", tiny_llama, _mask(), steps=3)
+    kl = [h["kl_start"] for h in res.log_history]
+    assert len(kl) == 3 and kl[0] == 0.0 and all(k >= 0 for k in kl) and max(kl[1:]) > 0, kl
+    assert "kl_ref" not in res.log_history[0]           # kl_coef 0: a curve only, no KL term in the loss
+    off = _train(tmp_path / "off", tiny_llama, _mask(), steps=1, log_kl_to_start=False)
+    assert "kl_start" not in off.log_history[0]

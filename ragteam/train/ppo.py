@@ -98,6 +98,10 @@ class PPOParams(Strict):
     value_clip: float | None = Field(0.2, gt=0)       # None: unclipped value loss
     vf_coef: float = Field(0.5, ge=0)
     kl_coef: float = Field(0.0, ge=0)                 # 0: no reference model is loaded (M-ASK/JADE code: no KL)
+    # log `kl_start`, the k3 estimate of KL(π_θ || π_start) over each step's response tokens before its update: how
+    # far RL has moved the policy from where it started. With LoRA the start model is the policy with its adapters
+    # off (one forward pass without gradients a step); without LoRA it is logged only where kl_coef loads a reference
+    log_kl_to_start: bool = True
     max_grad_norm: float = Field(1.0, gt=0)            # clips the policy's and the critic's gradients, each apart
     # shared_backbone: let the value loss reach the policy's weights (true) or train the value head only (false)
     value_grad_to_backbone: bool = False
@@ -608,11 +612,16 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
     advantages, the clipped update."""
     import torch
 
+    from ragteam.train.pg import kl_k3
+
     # 4. old log-probs, values (and reference log-probs). With one PPO epoch over one minibatch the update is
     #    on-policy: this pass keeps its gradients and the update reuses it (one forward pass instead of two)
     single = single_pass(p, len(samples))
     first_pass = [] if single else None
     ac.train(single)
+    # the start model's log-probs: the KL term's reference (kl_coef > 0), and the `kl_start` curve
+    with_ref = p.kl_coef > 0 or (p.log_kl_to_start and p.lora.enabled)
+    kl_sum, kl_tokens = 0.0, 0.0
     with torch.set_grad_enabled(single):
         for i in range(0, len(samples), p.micro_batch_size):
             chunk = samples[i:i + p.micro_batch_size]
@@ -621,12 +630,16 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
             if single:
                 first_pass.append((logp, v))
             with torch.no_grad():
-                rl = ref_logp(batch) if p.kl_coef > 0 else None
+                rl = ref_logp(batch) if with_ref else None
+                if rl is not None:
+                    mask = batch[4]
+                    kl_sum += float((kl_k3(logp.detach(), rl) * mask).sum())
+                    kl_tokens += float(mask.sum())
             for b, s in enumerate(chunk):
                 n = len(s.response_ids)
                 s.old_logp = logp[b, :n].detach().cpu()
                 s.values = v[b, :n].detach().cpu() if v is not None else None
-                s.ref_logp = rl[b, :n].cpu() if rl is not None else None
+                s.ref_logp = rl[b, :n].cpu() if rl is not None and p.kl_coef > 0 else None
     mismatch = engine_mismatch(samples)
     # 5. advantages
     if system.advantage == "group":
@@ -651,6 +664,8 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
                        first_pass=first_pass, critic=system.critic)
     for k, v in mismatch.items():
         stats[k] = [v]
+    if kl_tokens:
+        stats["kl_start"] = [kl_sum / kl_tokens]
     return stats
 
 
@@ -866,8 +881,9 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
     elif samples and all(s.advantages is not None for s in samples):   # critic-free: zero advantage = no signal
         entry["zero_advantage"] = mean([float(abs(float(s.advantages[0])) < 1e-8) if len(s.advantages) else 1.0
                                         for s in samples])
-    for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "grad_norm/policy",
-              "grad_norm/critic", "ratio_mean", "is_weight_mean", "engine_logp_abs_diff", "engine_logp_max_abs_diff"):
+    for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "kl_start",
+              "grad_norm/policy", "grad_norm/critic", "ratio_mean", "is_weight_mean", "engine_logp_abs_diff",
+              "engine_logp_max_abs_diff"):
         if stats.get(k):
             entry[k] = mean(stats[k])
     if "nonfinite_grad" in stats:             # optimiser steps skipped for a NaN/inf gradient
