@@ -130,9 +130,14 @@ def write_metrics(path: str | Path, record: Mapping, keep: Sequence[str]) -> Non
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Build a directory in a temp sibling and swap it into place only if the block succeeds.
 
-    On any exception the previous directory (if any) stays exactly as it was and the temp dir is removed.
+    On any exception the previous directory (if any) stays exactly as it was and the temp dir is removed. A file (or
+    a link) at `path` is refused before the block runs (DataError): replacing an output that is not a directory
+    with one is never what a stage means, and the swap would leave the file behind beside it.
     """
     path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise DataError(f"{path}: is a {'link' if path.is_symlink() else 'file'}, not a directory; refusing to "
+                        f"replace it with the directory this step writes (move it away or delete it)")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o777 & ~_UMASK)
