@@ -1,0 +1,57 @@
+"""params.yaml for one phase of experiments/rl_signal/run.sh (issue 25 §3: RL with more answer signal).
+
+    params_edit.py train <system> <seed> <threads> [key=value ...]
+        the RL seed (joint.ppo.seed) and the system's RL at T 0.7, 8 questions a step, 8 steps, from its warm-up
+        model; `threads` torch threads (1 when seeds train side by side); extra `joint.<system>.ppo` keys as
+        key=value (YAML values), e.g. actor_lr=1e-3 steps=16 kl_coef=0.01
+    params_edit.py evaluate <system> <seed> [<seed> ...]
+        `evaluate` restricted to <system>_warmup (models/warmup/<system>) and one row per RL seed,
+        <system>_rl_seed<k> (models/rl_signal/<system>_seed<k>), each compared with the warm-up row, on the first 40
+        questions (the default run's joint rows)
+"""
+import sys
+from pathlib import Path
+
+import yaml
+
+RECIPE = {"temperature": 0.7, "questions_per_step": 8, "steps": 8}
+
+
+def _value(text: str):
+    """A key=value's value as YAML reads it, except that 1e-3 is a number (YAML 1.1 wants 1.0e-3)."""
+    v = yaml.safe_load(text)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
+    return v
+
+
+def main(argv: list[str]) -> None:
+    phase, system = argv[0], argv[1]
+    p = Path("params.yaml")
+    d = yaml.safe_load(p.read_text())
+    if system not in d["joint"]["systems"]:
+        sys.exit(f"params_edit.py: {system!r} is not in joint.systems {d['joint']['systems']}")
+    if phase == "train":
+        seed, threads = int(argv[2]), int(argv[3])
+        extra = {k: _value(v) for k, v in (a.split("=", 1) for a in argv[4:])}
+        d["joint"]["ppo"]["seed"] = seed
+        d["joint"][system]["ppo"] = {**(d["joint"][system].get("ppo") or {}), **RECIPE, **extra}
+        d["llm"]["threads"] = threads
+    elif phase == "evaluate":
+        warm = f"{system}_warmup"
+        rows = {warm: {"workflow": system, "model": f"models/warmup/{system}", "n_questions": 40}}
+        for seed in argv[2:]:
+            rows[f"{system}_rl_seed{seed}"] = {"workflow": system, "model": f"models/rl_signal/{system}_seed{seed}",
+                                                "n_questions": 40}
+        d["eval"]["systems"] = rows
+        d["eval"]["compare"] = [[name, warm] for name in rows if name != warm]
+    else:
+        sys.exit(f"params_edit.py: phase {phase!r} is not train or evaluate")
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
