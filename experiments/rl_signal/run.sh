@@ -10,7 +10,8 @@
 # params.yaml is edited and restored. Seeds train side by side, each in a copy of the workspace with 1 torch thread
 # (2 threads are 1.38x one for generation and 1.59x for forward+backward, params.yaml llm.threads: side by side
 # wins), then evaluate runs alone. key=value pairs after `--` override joint.<system>.ppo (a step-size trial:
-# -- actor_lr=1e-3 kl_coef=0.01). Results: experiments/rl_signal/<system>/<tag>/ (params, step lines and curves per
+# -- actor_lr=1e-3 kl_coef=0.01). RESUME=1 keeps a seed's earlier copy and resumes its training from its last
+# checkpoint (the trainer's own resume; a finished seed only saves its model again). Results: experiments/rl_signal/<system>/<tag>/ (params, step lines and curves per
 # seed; the evaluate records and log).
 # As run on 2026-11-27: experiments/rl_signal/run.sh mask /tmp/w1 fix 0 1 2
 # (JADE's fix/ results came from this script's first version at 97c3e83, one evaluate per seed.)
@@ -29,14 +30,19 @@ threads=$(( ${#seeds[@]} > 1 ? 1 : 2 ))
 pids=()
 for seed in "${seeds[@]}"; do
   copy=$ws-$system-seed$seed
-  rm -rf "$copy"
-  mkdir -p "$copy" && tar -C "$ws" --exclude=./.dvc/cache --exclude=./.dvc/tmp --exclude=./checkpoints -cf - . |
+  if [[ ${RESUME:-0} == 1 && -d $copy/checkpoints/train_joint_$system ]]; then
+    echo "$(date +%T) $system seed $seed resumes in $copy"
+  else
+    rm -rf "$copy"
+    mkdir -p "$copy" && tar -C "$ws" --exclude=./.dvc/cache --exclude=./.dvc/tmp --exclude=./checkpoints -cf - . |
     tar -C "$copy" -xf -
+  fi
   (cd "$copy" && python_bin=$copy/.venv/bin/python &&
    "$python_bin" "$here/params_edit.py" train "$system" "$seed" "$threads" "${extra[@]}" &&
    mkdir -p "$out/seed$seed" && cp params.yaml "$out/seed$seed/" &&
+   { [[ ${RESUME:-0} == 1 ]] || rm -f "$out/seed$seed/steps.log"; } &&
    echo "$(date +%T) $system seed $seed train" &&
-   "$python_bin" -m stages.train_joint "$system" > "$out/seed$seed/steps.log" 2>&1 &&
+   "$python_bin" -m stages.train_joint "$system" >> "$out/seed$seed/steps.log" 2>&1 &&
    cp "metrics/train_joint_$system.json" "$out/seed$seed/" &&
    rm -rf "$out/seed$seed/curves" && cp -r "reports/training/train_joint_$system" "$out/seed$seed/curves" &&
    echo "$(date +%T) $system seed $seed trained") &
