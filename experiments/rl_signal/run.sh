@@ -11,9 +11,11 @@
 # (2 threads are 1.38x one for generation and 1.59x for forward+backward, params.yaml llm.threads: side by side
 # wins), then evaluate runs alone. key=value pairs after `--` override joint.<system>.ppo (a step-size trial:
 # -- actor_lr=1e-3 kl_coef=0.01). RESUME=1 keeps a seed's earlier copy and resumes its training from its last
-# checkpoint (the trainer's own resume; a finished seed only saves its model again). Results: experiments/rl_signal/<system>/<tag>/ (params, step lines and curves per
-# seed; the evaluate records and log).
-# As run on 2026-11-27: experiments/rl_signal/run.sh mask /tmp/w1 fix 0 1 2
+# checkpoint (the trainer's own resume; a finished seed only saves its model again). Results:
+# experiments/rl_signal/<system>/<tag>/ (params, step lines and curves per seed; the evaluate records and log).
+# As run on 2026-11-27: experiments/rl_signal/run.sh mask /tmp/w1 fix 0 1 2, stopped after step 1 (22 min a step
+# for three seeds on 2 cores); seed 0 was then resumed by hand in its copy with llm.threads 2 (`python -m
+# stages.train_joint mask`, what RESUME=1 with seed 0 alone now does) and trained to step 8; evaluate not run.
 # (JADE's fix/ results came from this script's first version at 97c3e83, one evaluate per seed.)
 set -euo pipefail
 system=$1 ws=$2 tag=$3; shift 3
