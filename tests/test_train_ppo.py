@@ -387,3 +387,90 @@ def test_a_call_is_scored_on_its_sampled_ids_not_a_retokenisation_of_its_text(sm
     back = Episode.model_validate(written).calls[0]
     retokenised = tok(text, add_special_tokens=False).input_ids + [tok.eos_token_id]
     assert back.response_ids is None and tokenize_call(tok, back) == (list(prompt_ids), retokenised)
+
+
+# ---- the frozen layers run once a step (reuse_frozen_layers) -------------------------------------------------------
+
+def _actor_critic_and_samples(tiny_llama, **over):
+    """A LoRA policy on the top layer of the 2-layer tiny Llama, its adapters moved off zero (so that the start
+    model differs from it), and 6 samples of different lengths in 3 episodes."""
+    from ragteam.train.ppo import PPOParams, Sample, _build_actor_critic
+
+    p = PPOParams(**{**PPO, "lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1}, **over})
+    torch.manual_seed(0)
+    ac = _build_actor_critic(str(tiny_llama), p, "cpu", torch.float32)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, t in ac.named_parameters():
+            if t.requires_grad:
+                t.copy_(torch.randn(t.shape, generator=g) * 0.1)
+    samples = []
+    for i, (lp, lr) in enumerate([(5, 3), (9, 2), (4, 6), (7, 4), (3, 1), (8, 5)]):
+        ids = torch.randint(5, 200, (lp + lr,), generator=g).tolist()
+        samples.append(Sample(i // 2, i % 2, "r", ids[:lp], ids[lp:], float(i % 3) - 1.0))
+    return p, ac, samples
+
+
+@pytest.mark.parametrize("over, passes_without", [
+    ({"minibatch_size": 2, "micro_batch_size": 2, "kl_coef": 0.05}, 3),   # old + reference + 3 minibatches: 3 passes
+    ({"minibatch_size": 8, "micro_batch_size": 2}, 2),                     # single pass (+ the kl_start reference)
+])
+def test_the_frozen_layers_run_once_a_step_and_the_update_is_the_same(tiny_llama, over, passes_without):
+    """One step's update with and without reuse: the bottom layer runs once per micro-batch of the old pass instead
+    of once in every pass, and the update (weights, losses, kl_start, grad norms) is the same."""
+    from types import SimpleNamespace
+
+    from ragteam.train.ppo import _parts, _update, make_optimizer, start_logp
+    from ragteam.train.systems import mask_system
+
+    system = mask_system({"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8, "format_penalty": 1.0}}, None)
+    accel = SimpleNamespace(backward=lambda loss: loss.backward(), clip_grad_norm_=torch.nn.utils.clip_grad_norm_)
+    runs = {}
+    for reuse in (True, False):
+        p, ac, samples = _actor_critic_and_samples(tiny_llama, reuse_frozen_layers=reuse, **over)
+        assert ac.split == (1 if reuse else None)
+        calls = []
+        _parts(ac.policy)[0].layers[0].register_forward_hook(lambda *a: calls.append(a[1][0].shape[0]))
+        stats = _update(system, p, samples, [], ac, ac, make_optimizer(ac, p), accel,
+                        lambda batch, hidden=None: start_logp(ac, None, p, batch, hidden), 0, "cpu", 0, None)
+        assert all(s.hidden is None for s in samples)       # dropped after the update
+        weights = {n: t.detach().clone() for n, t in ac.named_parameters() if t.requires_grad}
+        runs[reuse] = calls, stats, weights
+    (calls_on, on, w_on), (calls_off, off, w_off) = runs[True], runs[False]
+    assert sum(calls_on) == 6 and len(calls_on) == 3                # each sample once, in the 3 old-pass chunks
+    assert sum(calls_off) == 6 * passes_without
+    assert set(on) == set(off) and on["kl_start"][0] > 1e-4
+    for k in off:
+        assert on[k] == pytest.approx(off[k], rel=1e-4, abs=1e-6), k
+    for n in w_off:
+        assert torch.allclose(w_on[n], w_off[n], atol=1e-6), n
+    assert any(not torch.equal(w_off[n], t) for n, t in _actor_critic_and_samples(tiny_llama)[1].named_parameters()
+               if t.requires_grad)                              # the update did move the weights
+
+
+def test_the_frozen_layers_are_not_reused_where_they_do_not_exist_or_the_split_changes_the_forward(
+        tiny_llama, monkeypatch):
+    from ragteam.train import ppo
+
+    for over, why in [({"reuse_frozen_layers": False}, "is off"),
+                      ({"lora": {"enabled": False}}, "every layer trains"),
+                      ({"lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": None}}, "every layer trains"),
+                      ({"lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 2}}, "covers all 2 layers"),
+                      ({"gradient_checkpointing": True}, "recomputes")]:
+        p, ac, _ = _actor_critic_and_samples(tiny_llama, **over) if "lora" not in over else (None, None, None)
+        if ac is None:
+            p = ppo.PPOParams(**{**PPO, **over})
+            torch.manual_seed(0)
+            ac = ppo._build_actor_critic(str(tiny_llama), p, "cpu", torch.float32)
+        assert ac.split is None
+        assert why in ppo.frozen_split(ac.policy, p)[1]
+    # a decoder whose forward from `inputs_embeds` is not the continuation of its lower layers (as Gemma's, which
+    # scales them): the check on a short batch sees it and every pass runs every layer
+    real = ppo._layer_view
+
+    def scaled(decoder, start, stop, final_norm):
+        return real(decoder, start + 1 if start else start, stop, final_norm)   # the upper part skips a layer
+
+    monkeypatch.setattr(ppo, "_layer_view", scaled)
+    p, ac, _ = _actor_critic_and_samples(tiny_llama)
+    assert ac.split is None and "does not reproduce" in ppo.frozen_split(ac.policy, p)[1]

@@ -86,7 +86,7 @@ class GRPOParams(Strict):
 # collapse flag) and when a diverging run gives up. Changing one must resume a run, not discard its resume state.
 BOOKKEEPING = frozenset({"save_steps", "save_total_limit", "micro_batch_size", "gradient_checkpointing",
                          "vllm_gpu_memory_utilization", "collapse_window", "collapse_drop",
-                         "max_nonfinite_grad_steps"})
+                         "max_nonfinite_grad_steps", "reuse_frozen_layers"})
 
 
 def model_params(params: BaseModel) -> dict[str, Any]:

@@ -12,7 +12,9 @@ Episodes is one PPO sample, roles mixed. One training step, top to bottom:
  3. samples   each call -> the prompt ids and sampled response ids the engine recorded on it (token in, token
               out; `tokenize_call`); the loss mask covers the response;
  4. old pass  one no-grad pass: log π_old and the critic's values (at the token before each response token: the
-              last prompt token for the first), plus log π_ref when kl_coef > 0;
+              last prompt token for the first), plus log π_ref when kl_coef > 0. With LoRA on the top layers only,
+              the frozen layers below run here once per sample and every later pass of the step (π_ref, each
+              minibatch) starts from their output (`reuse_frozen_layers`, `frozen_split`);
  5. advantages by the system's estimator: by default GAE with the critic, every call's reward on its last response
               token, within each call or over each episode's flattened call sequence as the system says
               (`JointSystem.gae_scope`; `ragteam.train.advantages.episode_gae`; γ = λ = 1 in the official M-ASK /
@@ -54,6 +56,8 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -118,6 +122,10 @@ class PPOParams(Strict):
     save_steps: int = Field(1, ge=1)
     save_total_limit: int = Field(2, ge=1)
     gradient_checkpointing: bool = False
+    # LoRA on the top `lora.top_layers` layers: run the frozen layers below once per sample a step and start every
+    # pass (old log-probs, the reference / kl_start, each minibatch) from their output, instead of running all
+    # layers in each pass. Same numbers (tests/test_train_ppo.py); off or inapplicable: every pass runs every layer
+    reuse_frozen_layers: bool = True
     collapse_window: int = Field(3, ge=1)             # steps per window of the `collapsed` flag (curves.collapsed)
     collapse_drop: float = Field(0.5, gt=0, lt=1)     # "off a cliff": the last window below (1 - drop) x the best
     lora: LoraParams = LoraParams()
@@ -197,6 +205,8 @@ class Sample:
     values: Any = None
     advantages: Any = None
     returns: Any = None
+    # the frozen layers' output over prompt + response (reuse_frozen_layers; set in step 4, dropped after step 6)
+    hidden: Any = None
 
 
 def loss_tokens(s: Sample) -> int:
@@ -250,6 +260,64 @@ def _parts(model):
     return base.get_decoder(), base.get_output_embeddings()
 
 
+@contextmanager
+def _layer_view(decoder, start: int, stop: int | None, final_norm: bool):
+    """The decoder with only its layers [start:stop] (and without its final norm unless `final_norm`) for the time
+    of the block: its own forward then computes the causal mask and the rotary positions as always, over fewer
+    layers. Layers [0:k] from `input_ids` give the hidden states that layers [k:] continue from as `inputs_embeds`."""
+    import torch
+
+    layers, norm = decoder.layers, decoder.norm
+    decoder.layers = torch.nn.ModuleList(list(layers)[start:stop])
+    if not final_norm:
+        decoder.norm = torch.nn.Identity()
+    try:
+        yield decoder
+    finally:
+        decoder.layers, decoder.norm = layers, norm
+
+
+def frozen_split(model, p: PPOParams) -> tuple[int | None, str]:
+    """(k, why): the policy's layers [0:k] are frozen and their output can be reused across a step's passes, or
+    (None, the reason it cannot). Needs LoRA on the top `lora.top_layers` layers only, no gradient checkpointing,
+    nothing trainable in the embeddings or layers [0:k], and a decoder whose forward, split at k, gives the same
+    hidden states as in one piece: checked on a short right-padded batch, so an architecture that treats
+    `inputs_embeds` differently from its own embeddings (Gemma scales them) falls back to the full forward."""
+    import torch
+
+    if not p.reuse_frozen_layers:
+        return None, "reuse_frozen_layers is off"
+    if not p.lora.enabled or p.lora.top_layers is None:
+        return None, "no LoRA on the top layers only: every layer trains"
+    if p.gradient_checkpointing:
+        return None, "gradient checkpointing recomputes the layers anyway"
+    decoder, _ = _parts(model)
+    n = len(decoder.layers)
+    k = n - p.lora.top_layers
+    if k <= 0:
+        return None, f"LoRA covers all {n} layers"
+    frozen = [decoder.get_input_embeddings(), *list(decoder.layers)[:k]]
+    if any(t.requires_grad for m in frozen for t in m.parameters()):
+        return None, f"a parameter of the embeddings or of layers 0-{k - 1} is trainable"
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, decoder.get_input_embeddings().num_embeddings, (2, 12), generator=g)
+    att = torch.ones_like(ids)
+    att[1, 7:] = 0
+    dev = next(decoder.parameters()).device
+    ids, att = ids.to(dev), att.to(dev)
+    with torch.no_grad():
+        whole = decoder(input_ids=ids, attention_mask=att).last_hidden_state
+        with _layer_view(decoder, 0, k, final_norm=False):
+            h = decoder(input_ids=ids, attention_mask=att).last_hidden_state
+        with _layer_view(decoder, k, None, final_norm=True):
+            split = decoder(inputs_embeds=h, attention_mask=att).last_hidden_state
+    keep = att.bool()
+    if split.shape != whole.shape or not torch.allclose(split[keep].float(), whole[keep].float(), rtol=1e-4,
+                                                        atol=1e-4):
+        return None, f"{type(decoder).__name__} split at layer {k} does not reproduce its own forward"
+    return k, f"layers 0-{k - 1} frozen, run once per sample a step"
+
+
 def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype, with_critic: bool = True):
     """The policy (+ the separate critic's backbone) and the value head, with every trainable weight in float32.
 
@@ -290,16 +358,34 @@ def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype, with_
                         m.gradient_checkpointing_enable()
                         if p.lora.enabled:
                             m.enable_input_require_grads()
+            self.split, why = frozen_split(self.policy, p)
+            log.info("reuse of the frozen layers' output across a step's passes: %s (%s)",
+                     "on" if self.split is not None else "off", why)
 
         def autocast(self):
             """Compute in the engine dtype over float32 master weights (a no-op unless they were upcast)."""
             return torch.autocast(torch.device(device).type, dtype=dtype, enabled=upcast)
 
+        def hidden(self, input_ids, attention_mask):
+            """The frozen layers' output (layers [0:split]), without gradients: what `forward(hidden=...)` and
+            the separate critic (the same frozen base weights) continue from."""
+            decoder, _ = _parts(self.policy)
+            with torch.no_grad(), self.autocast(), _layer_view(decoder, 0, self.split, final_norm=False):
+                return decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+        def _decode(self, model, input_ids, attention_mask, hidden):
+            decoder, _ = _parts(model)
+            if hidden is None:
+                return decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            with _layer_view(decoder, self.split, None, final_norm=True):
+                return decoder(inputs_embeds=hidden, attention_mask=attention_mask).last_hidden_state
+
         def forward(self, input_ids, attention_mask, positions, targets, temperature: float = 1.0,
-                    values: bool = True):
+                    values: bool = True, hidden=None):
+            """`hidden`: `self.hidden(input_ids, attention_mask)`, computed once and reused; None: all layers."""
             with self.autocast():
-                decoder, head = _parts(self.policy)
-                h = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                _, head = _parts(self.policy)
+                h = self._decode(self.policy, input_ids, attention_mask, hidden)
                 idx = positions[..., None].expand(-1, -1, h.shape[-1])
                 hs = h.gather(1, idx)                                                   # (B, R, H)
                 logits = head(hs).float() / temperature
@@ -307,8 +393,7 @@ def _build_actor_critic(model_path: str, p: PPOParams, device: str, dtype, with_
                 if not values:
                     return logp, None
                 if self.critic is not None:
-                    cdec, _ = _parts(self.critic)
-                    hc = cdec(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.gather(1, idx)
+                    hc = self._decode(self.critic, input_ids, attention_mask, hidden).gather(1, idx)
                 else:
                     # the value loss trains the head, not the policy's weights (unless value_grad_to_backbone)
                     hc = hs if p.value_grad_to_backbone else hs.detach()
@@ -361,6 +446,21 @@ def _collate(samples: Sequence[Sample], pad_id: int, device: str):
         tgt[b, :n] = torch.tensor(s.response_ids)
         mask[b, :n] = 1 if s.mask is None else torch.tensor(s.mask, dtype=mask.dtype)
     return ids.to(device), att.to(device), pos.to(device), tgt.to(device), mask.to(device)
+
+
+def _stack_hidden(samples: Sequence[Sample], width: int, device: str):
+    """The samples' frozen-layer outputs (`Sample.hidden`), right-padded with zeros to `width` tokens as `_collate`
+    pads their ids (padding is masked out, and causal attention never lets a real token see it); None when the
+    samples carry none."""
+    import torch
+
+    if any(s.hidden is None for s in samples):
+        return None
+    h0 = samples[0].hidden
+    out = torch.zeros((len(samples), width, h0.shape[-1]), dtype=h0.dtype, device=device)
+    for b, s in enumerate(samples):
+        out[b, :s.hidden.shape[0]] = s.hidden.to(device)
+    return out
 
 
 def _stack(rows: Sequence[Any], rlen: int, device: str):
@@ -546,7 +646,8 @@ def ppo_update(model, opt, samples: Sequence[Sample], p: PPOParams, pad_id: int,
                 tw = (torch.tensor(row_w[u0:u0 + len(micro)], device=device)[:, None].expand_as(mask)
                       if by_group else None)
                 logp, v = (first_pass[u0 // p.micro_batch_size] if first_pass
-                           else model(*batch[:4], p.temperature, values=critic))
+                           else model(*batch[:4], p.temperature, values=critic,
+                                      hidden=_stack_hidden(micro, batch[0].shape[1], device)))
                 old_logp = _stack([s.old_logp for s in micro], rlen, device)
                 adv = _stack([s.advantages for s in micro], rlen, device)
                 isw = None
@@ -626,11 +727,13 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
         for i in range(0, len(samples), p.micro_batch_size):
             chunk = samples[i:i + p.micro_batch_size]
             batch = _collate(chunk, pad_id, device)
-            logp, v = (ac_wrapped if single else ac)(*batch[:4], p.temperature, values=system.critic)
+            # the frozen layers run once here; this pass, the reference's and every minibatch's continue from them
+            hidden = ac.hidden(*batch[:2]) if ac.split is not None else None
+            logp, v = (ac_wrapped if single else ac)(*batch[:4], p.temperature, values=system.critic, hidden=hidden)
             if single:
                 first_pass.append((logp, v))
             with torch.no_grad():
-                rl = ref_logp(batch) if with_ref else None
+                rl = ref_logp(batch, hidden) if with_ref else None
                 if rl is not None:
                     mask = batch[4]
                     kl_sum += float((kl_k3(logp.detach(), rl) * mask).sum())
@@ -640,6 +743,8 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
                 s.old_logp = logp[b, :n].detach().cpu()
                 s.values = v[b, :n].detach().cpu() if v is not None else None
                 s.ref_logp = rl[b, :n].cpu() if rl is not None and p.kl_coef > 0 else None
+                if hidden is not None and not single:      # the single pass never runs the model again
+                    s.hidden = hidden[b, :len(s.prompt_ids) + n]
     mismatch = engine_mismatch(samples)
     # 5. advantages
     if system.advantage == "group":
@@ -662,11 +767,28 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
     stats = ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
                        backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
                        first_pass=first_pass, critic=system.critic)
+    for s in samples:
+        s.hidden = None
     for k, v in mismatch.items():
         stats[k] = [v]
     if kl_tokens:
         stats["kl_start"] = [kl_sum / kl_tokens]
     return stats
+
+
+def start_logp(ac, ref, p: PPOParams, batch, hidden=None):
+    """log π_start of a collated batch's response tokens (no gradients): the reference of the KL term and of the
+    `kl_start` curve. With LoRA (`ref` None) the start model is the policy with its adapters off, above the same
+    frozen layers (`hidden`, when the step reuses their output); without, the separately loaded `ref`."""
+    import torch
+
+    ids, att, pos, tgt, _ = batch
+    if ref is None:
+        with ac.policy.disable_adapter():
+            return ac(ids, att, pos, tgt, p.temperature, values=False, hidden=hidden)[0]
+    h = ref.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
+    logits = ref.get_output_embeddings()(h.gather(1, pos[..., None].expand(-1, -1, h.shape[-1]))).float()
+    return torch.log_softmax(logits / p.temperature, -1).gather(-1, tgt[..., None]).squeeze(-1)
 
 
 def engine_mismatch(samples: Sequence[Sample]) -> dict[str, float]:
@@ -753,15 +875,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                         temperature=p.temperature, top_p=p.top_p, seed=p.seed)
     t_start = time.perf_counter()
 
-    def ref_logp(batch) -> torch.Tensor:
-        ids, att, pos, tgt, _ = batch
-        if ref is None:
-            with ac.policy.disable_adapter():
-                return ac(ids, att, pos, tgt, p.temperature, values=False)[0]
-        h = ref.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
-        logits = ref.get_output_embeddings()(h.gather(1, pos[..., None].expand(-1, -1, h.shape[-1]))).float()
-        return torch.log_softmax(logits / p.temperature, -1).gather(-1, tgt[..., None]).squeeze(-1)
-
+    ref_logp = partial(start_logp, ac, ref, p)
     while step < p.steps:
         t0 = time.perf_counter()
         # 1-2. rollout (this process's share of the step's questions) and rewards
