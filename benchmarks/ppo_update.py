@@ -141,8 +141,8 @@ def main(argv=None) -> int:
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(
         f"# The joint update with and without reuse_frozen_layers ({a.system}, {a.questions} questions)\n\n"
-        f"`python -m benchmarks.ppo_update --system {a.system} --questions {a.questions} --minibatch-size "
-        f"{a.minibatch_size}` on {report['cores']} cores ({a.threads} threads), model `{model}`.\n\n"
+        f"`python -m benchmarks.ppo_update {' '.join(argv if argv is not None else sys.argv[1:])}` on "
+        f"{report['cpu']}, {report['cores']} cores ({a.threads} threads), model `{model}`.\n\n"
         f"| | seconds | |\n|---|---:|---|\n"
         f"| every pass runs all layers | {report['seconds_full_forward']} | |\n"
         f"| frozen layers 0-{(on['split'] or 0) - 1} once | {report['seconds_reuse']} | "
