@@ -17,6 +17,8 @@
 # for three seeds on 2 cores); seed 0 was then resumed by hand in its copy with llm.threads 2 (`python -m
 # stages.train_joint mask`, what RESUME=1 with seed 0 alone now does) and trained to step 8; evaluate not run.
 # (JADE's fix/ results came from this script's first version at 97c3e83, one evaluate per seed.)
+# The step-size trials, with the frozen layers run once (3e5601a): `run.sh mask /tmp/w1 lr2e-3 0 -- actor_lr=2e-3`
+# (42 min of training, 22.5 min of evaluate) and `run.sh jade /tmp/w2 lr2e-3 0 1 2 -- actor_lr=2e-3`, as written.
 set -euo pipefail
 system=$1 ws=$2 tag=$3; shift 3
 seeds=() extra=()
