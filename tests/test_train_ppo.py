@@ -457,11 +457,7 @@ def test_the_frozen_layers_are_not_reused_where_they_do_not_exist_or_the_split_c
                       ({"lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": None}}, "every layer trains"),
                       ({"lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 2}}, "covers all 2 layers"),
                       ({"gradient_checkpointing": True}, "recomputes")]:
-        p, ac, _ = _actor_critic_and_samples(tiny_llama, **over) if "lora" not in over else (None, None, None)
-        if ac is None:
-            p = ppo.PPOParams(**{**PPO, **over})
-            torch.manual_seed(0)
-            ac = ppo._build_actor_critic(str(tiny_llama), p, "cpu", torch.float32)
+        p, ac, _ = _actor_critic_and_samples(tiny_llama, **over)
         assert ac.split is None
         assert why in ppo.frozen_split(ac.policy, p)[1]
     # a decoder whose forward from `inputs_embeds` is not the continuation of its lower layers (as Gemma's, which
