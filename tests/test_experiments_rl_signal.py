@@ -59,5 +59,32 @@ def test_evaluate_pairs_every_seed_with_the_warm_up_on_40_questions(params):
 def test_a_system_not_trained_by_the_pipeline_or_an_unknown_phase_stops_with_its_name(params):
     with pytest.raises(SystemExit, match="'nosuch' is not in joint.systems"):
         pe.main(["train", "nosuch", "0", "1"])
-    with pytest.raises(SystemExit, match="phase 'fit' is not train or evaluate"):
+    with pytest.raises(SystemExit, match="phase 'fit' is not one of train, evaluate"):
         pe.main(["fit", "mask"])
+
+
+def test_device_puts_every_stage_on_hf_and_every_row_on_n_questions(params):
+    pe.main(["evaluate", "mask", "0", "1"])
+    pe.main(["device", "100", "128"])
+    d = params()
+    assert set(d["llm"]["stages"].values()) == {"hf"} and d["llm"]["batch_size"] == 128
+    ev = parse_section(d, "eval", EvalConfig)
+    assert {n: ev.questions_for(n) for n in ev.systems} == dict.fromkeys(ev.systems, 100)
+
+
+def test_only_keeps_one_row_and_no_pair_and_names_an_unknown_row(params):
+    pe.main(["evaluate", "mask", "0", "1"])
+    pe.main(["only", "mask_rl_seed1"])
+    ev = parse_section(params(), "eval", EvalConfig)
+    assert list(ev.systems) == ["mask_rl_seed1"] and comparison_pairs(ev.systems, ev.compare) == []
+    with pytest.raises(SystemExit, match="'mask_rl_seed7' is not an eval row"):
+        pe.main(["only", "mask_rl_seed7"])
+
+
+def test_dry_shrinks_the_warm_up_and_the_rl_to_a_rehearsal(params):
+    pe.main(["train", "mask", "0", "2"])
+    pe.main(["dry", "mask"])
+    d = params()
+    assert d["warmup"]["sft"]["steps"] == 2 and d["warmup"]["probe_from"] == 2 == d["warmup"]["probe_every"]
+    p = PPOParams.model_validate({**d["joint"]["ppo"], **d["joint"]["mask"]["ppo"]})
+    assert (p.steps, p.questions_per_step, p.temperature) == (1, 2, 0.7)

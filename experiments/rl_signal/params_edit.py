@@ -8,6 +8,14 @@
         `evaluate` restricted to <system>_warmup (models/warmup/<system>) and one row per RL seed,
         <system>_rl_seed<k> (models/rl_signal/<system>_seed<k>), each compared with the warm-up row, on the first 40
         questions (the default run's joint rows)
+    params_edit.py device <questions> <batch>
+        for a GPU host without vLLM (experiments/rl_signal/gpu/run.sh): every stage on the HF engine, every eval row
+        on the first <questions> questions, <batch> prompts per forward pass
+    params_edit.py only <row>
+        `evaluate` of the eval row <row> alone, with no comparison (rows scored in parallel processes are compared
+        afterwards from their per-question records: experiments/rl_signal/gpu/summarize.py)
+    params_edit.py dry <system>
+        a rehearsal of the GPU harness on a CPU: a 2-step warm-up probed at step 2, one RL step of 2 questions
 """
 import sys
 from pathlib import Path
@@ -28,19 +36,40 @@ def _value(text: str):
     return v
 
 
+PHASES = ("train", "evaluate", "device", "only", "dry")
+
+
 def main(argv: list[str]) -> None:
-    phase, system = argv[0], argv[1]
+    phase = argv[0]
+    if phase not in PHASES:
+        sys.exit(f"params_edit.py: phase {phase!r} is not one of {', '.join(PHASES)}")
     p = Path("params.yaml")
     d = yaml.safe_load(p.read_text())
-    if system not in d["joint"]["systems"]:
+    system = argv[1]
+    if phase in ("train", "evaluate", "dry") and system not in d["joint"]["systems"]:
         sys.exit(f"params_edit.py: {system!r} is not in joint.systems {d['joint']['systems']}")
-    if phase == "train":
+    if phase == "device":
+        n, batch = int(argv[1]), int(argv[2])
+        d["llm"]["stages"] = dict.fromkeys(d["llm"]["stages"], "hf")
+        d["llm"]["batch_size"] = batch
+        for row in d["eval"]["systems"].values():
+            row["n_questions"] = n
+    elif phase == "only":
+        if system not in d["eval"]["systems"]:
+            sys.exit(f"params_edit.py: {system!r} is not an eval row ({', '.join(d['eval']['systems'])})")
+        d["eval"]["systems"] = {system: d["eval"]["systems"][system]}
+        d["eval"]["compare"] = []
+    elif phase == "dry":
+        d["warmup"]["sft"]["steps"] = 2
+        d["warmup"]["probe_from"] = d["warmup"]["probe_every"] = 2
+        d["joint"][system]["ppo"] = {**(d["joint"][system].get("ppo") or {}), "steps": 1, "questions_per_step": 2}
+    elif phase == "train":
         seed, threads = int(argv[2]), int(argv[3])
         extra = {k: _value(v) for k, v in (a.split("=", 1) for a in argv[4:])}
         d["joint"]["ppo"]["seed"] = seed
         d["joint"][system]["ppo"] = {**(d["joint"][system].get("ppo") or {}), **RECIPE, **extra}
         d["llm"]["threads"] = threads
-    elif phase == "evaluate":
+    else:  # evaluate
         warm = f"{system}_warmup"
         rows = {warm: {"workflow": system, "model": f"models/warmup/{system}", "n_questions": 40}}
         for seed in argv[2:]:
@@ -48,8 +77,6 @@ def main(argv: list[str]) -> None:
                                                 "n_questions": 40}
         d["eval"]["systems"] = rows
         d["eval"]["compare"] = [[name, warm] for name in rows if name != warm]
-    else:
-        sys.exit(f"params_edit.py: phase {phase!r} is not train or evaluate")
     p.write_text(yaml.safe_dump(d, sort_keys=False))
 
 
