@@ -19,6 +19,8 @@
 # (JADE's fix/ results came from this script's first version at 97c3e83, one evaluate per seed.)
 # The step-size trials, with the frozen layers run once (3e5601a): `run.sh mask /tmp/w1 lr2e-3 0 -- actor_lr=2e-3`
 # (42 min of training, 22.5 min of evaluate) and `run.sh jade /tmp/w2 lr2e-3 0 1 2 -- actor_lr=2e-3`, as written.
+# With a KL term toward the warm-up: `run.sh mask /tmp/w1 lr2e-3-kl0.1 0 -- actor_lr=2e-3 kl_coef=0.1` and
+# `run.sh jade /tmp/w1 lr2e-3-kl0.1 0 1 2 -- actor_lr=2e-3 kl_coef=0.1` (29-30 min of training, 9 min of evaluate).
 set -euo pipefail
 system=$1 ws=$2 tag=$3; shift 3
 seeds=() extra=()
