@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from ragteam.records import Episode, write_episodes
+
 REPO = Path(__file__).resolve().parents[1]
 GPU = REPO / "experiments" / "rl_signal" / "gpu"
 SPEC = importlib.util.spec_from_file_location("rl_signal_gpu_summarize", GPU / "summarize.py")
@@ -15,10 +17,9 @@ SPEC.loader.exec_module(summarize)
 
 
 def _records(path: Path, f1: dict[str, float]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"question_id": q, "metrics": {"f1": v, "em": float(v == 1.0), "no_answer": float(v == 0.0),
-                                          "format_error_questions": 0.0}} for q, v in f1.items()]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_episodes(path, [Episode(question_id=q, question=f"question {q}", golden_answers=["a"],
+                                  metrics={"f1": v, "em": float(v == 1.0), "no_answer": float(v == 0.0),
+                                           "format_error_questions": 0.0}) for q, v in f1.items()])
 
 
 @pytest.fixture
@@ -57,3 +58,10 @@ def test_seeds_are_paired_with_the_warm_up_and_summarised(tmp_path, stub_live):
 def test_a_recipe_without_a_scored_warm_up_is_left_out(tmp_path):
     _records(tmp_path / "eval-B" / "mask_rl_seed0" / "synthetic.jsonl", {"q1": 1.0})
     assert summarize.summarize(tmp_path) == {"recipes": {}}
+
+
+def test_a_record_that_is_not_an_episode_fails_naming_its_file_and_line(tmp_path):
+    (tmp_path / "eval-A" / "mask_warmup").mkdir(parents=True)
+    (tmp_path / "eval-A" / "mask_warmup" / "synthetic.jsonl").write_text('{"metrics": {}}\n')
+    with pytest.raises(Exception, match=r"synthetic.jsonl:1: not a valid Episode"):
+        summarize.summarize(tmp_path)

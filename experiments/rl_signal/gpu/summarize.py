@@ -9,13 +9,14 @@ import json
 from pathlib import Path
 
 from ragteam.eval import stats
+from ragteam.records import read_episodes
 
 KEYS = ("f1", "em", "no_answer", "format_error_questions")
 
 
 def _records(path: Path) -> dict[str, dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {r["question_id"]: r["metrics"] for r in rows}
+    """question id -> the evaluate record's metrics (ragteam.records' Episodes: a bad row fails naming file:line)."""
+    return {e.question_id: e.metrics for e in read_episodes(path)}
 
 
 def _curve(seed_dir: Path) -> list[dict]:
