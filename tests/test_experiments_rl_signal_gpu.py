@@ -1,7 +1,6 @@
 """experiments/rl_signal/gpu: the device harness's stand-in for DVCLive writes the curve that summarize.py reads, and
 summarize.py pairs each RL seed with the warm-up on the same questions and summarises the seeds (issue 25 §3)."""
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
