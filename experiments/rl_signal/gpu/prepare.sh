@@ -39,7 +39,7 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
 python3 -m pip download -q --no-deps "${plat[@]}" -d .gpu1/whl "${pins[@]}"
 python3 -m pip download -q --no-deps "${plat[@]}" -d .gpu1/alt datasets==5.0.0   # for a pyarrow < 24 (check.sh)
 cp "$here/check.sh" .gpu1/
-cp -r "$here/run.sh" "$here/stub" "$here/summarize.py" "$here/../params_edit.py" .gpu2/
+cp -r "$here/run.sh" "$here/stub" "$here/../params_edit.py" .gpu2/
 cp -r "$ws/data/prepared" .gpu2/data/
 cp -r "$ws/data/indexes/bm25/bm25s" .gpu2/data/indexes/bm25/
 cp -r "$ws/data/warmup/mask" .gpu2/data/warmup/

@@ -5,18 +5,17 @@ mean with sd and a t-interval, and each seed's training curve (team reward, KL t
     python experiments/rl_signal/gpu/summarize.py <res dir> [--out summary]   -> <out>.json and <out>.md in <res dir>
 """
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 
 from ragteam.eval import stats
-from ragteam.records import read_episodes
 
-KEYS = ("f1", "em", "no_answer", "format_error_questions")
-
-
-def _records(path: Path) -> dict[str, dict]:
-    """question id -> the evaluate record's metrics (ragteam.records' Episodes: a bad row fails naming file:line)."""
-    return {e.question_id: e.metrics for e in read_episodes(path)}
+# The pairing of a seed with the warm-up is the CPU runs' (experiments/rl_signal/summarize.py): one implementation.
+_SPEC = importlib.util.spec_from_file_location("rl_signal_summarize", Path(__file__).resolve().parents[1] / "summarize.py")
+_common = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_common)
+KEYS, _records = _common.KEYS, _common.records
 
 
 def _curve(seed_dir: Path) -> list[dict]:
@@ -38,17 +37,12 @@ def summarize(res: Path) -> dict:
         if not warm_file.exists():
             continue
         warm = _records(warm_file)
-        r: dict = {"warmup": {k: round(100 * sum(m[k] for m in warm.values()) / len(warm), 2) for k in KEYS},
-                   "n_questions": len(warm), "seeds": {}}
+        r: dict = {"warmup": _common.percent(warm, list(warm)), "n_questions": len(warm), "seeds": {}}
         for seed_dir in sorted(ev.glob("mask_rl_seed*/")):
             f = seed_dir / "synthetic.jsonl"
             if not f.exists():
                 continue
-            rl = _records(f)
-            ids = [q for q in warm if q in rl]
-            s: dict = {"n": len(ids), "rl": {k: round(100 * sum(rl[q][k] for q in ids) / len(ids), 2) for k in KEYS}}
-            for k in KEYS:
-                s[k] = stats.paired_diff([rl[q][k] for q in ids], [warm[q][k] for q in ids]).to_dict()
+            s = _common.seed_row(warm, _records(f))
             seed = seed_dir.name.removeprefix("mask_rl_seed")
             s["curve"] = _curve(res / f"{rec}-seed{seed}")
             r["seeds"][seed] = s

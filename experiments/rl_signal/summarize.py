@@ -1,0 +1,136 @@
+"""Summarise one recipe of experiments/rl_signal/run.sh over its RL seeds (issue 25 §3), where the seeds may come from
+more than one run of the script (e.g. seed 0 in `<tag>/`, seeds 1 and 2 in `<tag>-seeds12/`).
+
+For every seed: its held-out scores and the paired bootstrap difference from the warm-up on the same questions (EM,
+F1, no answer, format-error questions), with its training curve (team reward, KL to the start model). Over the seeds:
+mean, sd and a t-interval of the F1 and EM differences, and the pooled difference (each question's mean over the
+seeds against the warm-up, paired bootstrap over questions). Every run's `<system>_warmup` records must be the same
+greedy answers, or the seeds are not paired with one warm-up: that is checked, and a mismatch is an error naming the
+question.
+
+    python experiments/rl_signal/summarize.py <system> <run dir> [<run dir> ...] --out <dir>
+        -> <dir>/summary.json and <dir>/summary.md
+"""
+import argparse
+import json
+from pathlib import Path
+
+from ragteam.eval import stats
+from ragteam.records import read_episodes
+
+KEYS = ("f1", "em", "no_answer", "format_error_questions")
+
+
+def records(path: Path) -> dict[str, dict]:
+    """question id -> the evaluate record's metrics (ragteam.records' Episodes: a bad row fails naming file:line)."""
+    return {e.question_id: e.metrics for e in read_episodes(path)}
+
+
+def percent(recs: dict[str, dict], ids: list[str]) -> dict[str, float]:
+    return {k: round(100 * sum(recs[q][k] for q in ids) / len(ids), 2) for k in KEYS}
+
+
+def seed_row(warm: dict[str, dict], rl: dict[str, dict]) -> dict:
+    """One RL seed against the warm-up on the questions both answered rows for (paired bootstrap per metric)."""
+    ids = [q for q in warm if q in rl]
+    if not ids:
+        raise ValueError("an RL seed's records share no question with the warm-up's")
+    row: dict = {"n": len(ids), "rl": percent(rl, ids)}
+    for k in KEYS:
+        row[k] = stats.paired_diff([rl[q][k] for q in ids], [warm[q][k] for q in ids]).to_dict()
+    return row
+
+
+def over_seeds(warm: dict[str, dict], seeds: dict[str, dict[str, dict]], rows: dict[str, dict]) -> dict:
+    """t-interval of the per-seed differences, and the pooled paired difference on the questions every seed has."""
+    out: dict = {k: stats.seed_summary([r[k]["diff"] for r in rows.values()]).to_dict() for k in ("f1", "em")}
+    ids = [q for q in warm if all(q in s for s in seeds.values())]
+    for k in ("f1", "em"):
+        mean = [sum(s[q][k] for s in seeds.values()) / len(seeds) for q in ids]
+        out[f"pooled_{k}"] = stats.paired_diff(mean, [warm[q][k] for q in ids]).to_dict()
+    return out
+
+
+def _curve(seed_dir: Path, names=("reward", "kl_start", "episode_f1")) -> dict[str, list[float]]:
+    """The DVCLive curves train_joint wrote (copied by run.sh to <run>/seed<k>/curves)."""
+    out = {}
+    for name in names:
+        f = seed_dir / "curves" / "plots" / "metrics" / f"{name}.tsv"
+        if f.exists():
+            rows = f.read_text().splitlines()[1:]
+            out[name] = [round(float(r.split("\t")[-1]), 4) for r in rows if r.strip()]
+    return out
+
+
+def summarize(system: str, runs: list[Path]) -> dict:
+    warm: dict[str, dict] | None = None
+    seeds: dict[str, dict[str, dict]] = {}
+    curves: dict[str, dict] = {}
+    for run in runs:
+        w = records(run / "records" / f"{system}_warmup" / "synthetic.jsonl")
+        if warm is None:
+            warm = w
+        else:
+            for q in warm.keys() & w.keys():
+                if warm[q] != w[q]:
+                    raise ValueError(f"{run}: the warm-up's record of {q} differs from {runs[0]}'s: the seeds are not "
+                                     f"paired with one warm-up ({warm[q]} vs {w[q]})")
+        for d in sorted((run / "records").glob(f"{system}_rl_seed*/")):
+            seed = d.name.removeprefix(f"{system}_rl_seed")
+            if seed in seeds:
+                raise ValueError(f"{run}: RL seed {seed} appears in more than one run")
+            seeds[seed] = records(d / "synthetic.jsonl")
+            curves[seed] = _curve(run / f"seed{seed}")
+    if warm is None or not seeds:
+        raise ValueError(f"no warm-up and RL seed records under {', '.join(map(str, runs))}")
+    rows = {s: {**seed_row(warm, rl), "curve": curves[s]} for s, rl in sorted(seeds.items())}
+    out = {"system": system, "runs": [str(r) for r in runs], "n_questions": len(warm),
+           "warmup": percent(warm, list(warm)), "seeds": rows}
+    if len(rows) > 1:
+        out["over_seeds"] = over_seeds(warm, seeds, rows)
+    return out
+
+
+def _iv(d: dict) -> str:
+    return f"{d['diff']:+.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
+
+
+def markdown(s: dict) -> str:
+    w = s["warmup"]
+    lines = [f"{s['system']}: {s['n_questions']} held-out synthetic dev questions; warm-up only: F1 {w['f1']}, EM {w['em']},"
+             f" no answer {w['no_answer']} %, format-error questions {w['format_error_questions']} %", "",
+             "| RL seed | F1 | F1 − warm-up [95 % CI] | EM | EM − warm-up [95 % CI] | no answer | format-error q |"
+             " training reward by step | KL to start by step |",
+             "| --- | ---: | --- | ---: | --- | ---: | ---: | --- | --- |"]
+    for seed, x in s["seeds"].items():
+        c = x["curve"]
+        lines.append(f"| {seed} | {x['rl']['f1']} | {_iv(x['f1'])} | {x['rl']['em']} | {_iv(x['em'])} | "
+                     f"{x['rl']['no_answer']} | {x['rl']['format_error_questions']} | "
+                     f"{' '.join(f'{v:.2f}' for v in c.get('reward', []))} | "
+                     f"{' '.join(f'{v:.3f}' for v in c.get('kl_start', []))} |")
+    if "over_seeds" in s:
+        o = s["over_seeds"]
+        for k in ("f1", "em"):
+            t = o[k]
+            lines += ["", f"over seeds, {k.upper()} gain: mean {t['mean']:+.2f}, sd {t['sd']}, 95 % t-interval "
+                      f"[{t['lo']}, {t['hi']}] (n = {t['n']}); pooled (seed-mean per question, paired bootstrap) "
+                      f"{_iv(o['pooled_' + k])}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("system")
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    s = summarize(a.system, a.runs)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
+    md = markdown(s)
+    (a.out / "summary.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
