@@ -88,3 +88,16 @@ def test_dry_shrinks_the_warm_up_and_the_rl_to_a_rehearsal(params):
     assert d["warmup"]["sft"]["steps"] == 2 and d["warmup"]["probe_from"] == 2 == d["warmup"]["probe_every"]
     p = PPOParams.model_validate({**d["joint"]["ppo"], **d["joint"]["mask"]["ppo"]})
     assert (p.steps, p.questions_per_step, p.temperature) == (1, 2, 0.7)
+
+
+def test_warmup_trains_one_system_to_its_cap_and_keeps_its_other_overrides(params):
+    from ragteam.warmup.sft import WarmupParams
+
+    pe.main(["warmup", "decor", "96", "16"])
+    d = params()
+    decor = WarmupParams.model_validate(d["warmup"]).for_system("decor")
+    assert (decor.sft.steps, decor.probe_every, decor.format_threshold) == (96, 16, 0.0)
+    assert decor.stop_when == "every_role"                     # decor's own override survives
+    assert not decor.below_threshold({"format_error_rate": 0.0, "format_error/decor_planner": 0.0})
+    other = WarmupParams.model_validate(d["warmup"]).for_system("mask")
+    assert (other.sft.steps, other.format_threshold) == (32, 0.2)   # no other system changes

@@ -64,3 +64,11 @@ def test_a_seed_in_two_runs_is_an_error(tmp_path):
     b = _run(tmp_path / "again", {"0": WARM})
     with pytest.raises(ValueError, match="RL seed 0 appears in more than one run"):
         summ.summarize("mask", [a, b])
+
+
+def test_pair_scores_one_row_against_another_on_their_shared_questions(tmp_path):
+    _records(tmp_path / "short.jsonl", WARM)
+    _records(tmp_path / "long.jsonl", {"q1": 1.0, "q2": 1.0, "q3": 1.0})       # q4 unanswered by this row
+    r = summ.pair(tmp_path / "short.jsonl", tmp_path / "long.jsonl")
+    assert r["base_scores"]["f1"] == 37.5 and r["n"] == 3 and r["rl"]["f1"] == 100.0
+    assert r["f1"]["diff"] == pytest.approx(50.0)                              # (+1 + 0.5 + 0) / 3

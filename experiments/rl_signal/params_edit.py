@@ -16,6 +16,9 @@
         afterwards from their per-question records: experiments/rl_signal/gpu/summarize.py)
     params_edit.py dry <system>
         a rehearsal of the GPU harness on a CPU: a 2-step warm-up probed at step 2, one RL step of 2 questions
+    params_edit.py warmup <system> <steps> <probe_every>
+        the system's warm-up trained to <steps> optimiser steps whatever its format error rate (threshold 0: the
+        probes, every <probe_every> steps from warmup.probe_from, are measured and stop nothing)
 """
 import sys
 from pathlib import Path
@@ -36,7 +39,7 @@ def _value(text: str):
     return v
 
 
-PHASES = ("train", "evaluate", "device", "only", "dry")
+PHASES = ("train", "evaluate", "device", "only", "dry", "warmup")
 
 
 def main(argv: list[str]) -> None:
@@ -46,7 +49,7 @@ def main(argv: list[str]) -> None:
     p = Path("params.yaml")
     d = yaml.safe_load(p.read_text())
     system = argv[1]
-    if phase in ("train", "evaluate", "dry") and system not in d["joint"]["systems"]:
+    if phase in ("train", "evaluate", "dry", "warmup") and system not in d["joint"]["systems"]:
         sys.exit(f"params_edit.py: {system!r} is not in joint.systems {d['joint']['systems']}")
     if phase == "device":
         n, batch = int(argv[1]), int(argv[2])
@@ -63,6 +66,11 @@ def main(argv: list[str]) -> None:
         d["warmup"]["sft"]["steps"] = 2
         d["warmup"]["probe_from"] = d["warmup"]["probe_every"] = 2
         d["joint"][system]["ppo"] = {**(d["joint"][system].get("ppo") or {}), "steps": 1, "questions_per_step": 2}
+    elif phase == "warmup":
+        steps, every = int(argv[2]), int(argv[3])
+        own = d["warmup"].setdefault("systems", {}).setdefault(system, {}) or {}
+        own.update({"format_threshold": 0.0, "probe_every": every, "sft": {**own.get("sft", {}), "steps": steps}})
+        d["warmup"]["systems"][system] = own
     elif phase == "train":
         seed, threads = int(argv[2]), int(argv[3])
         extra = {k: _value(v) for k, v in (a.split("=", 1) for a in argv[4:])}

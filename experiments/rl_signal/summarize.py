@@ -10,9 +10,12 @@ question.
 
     python experiments/rl_signal/summarize.py <system> <run dir> [<run dir> ...] --out <dir>
         -> <dir>/summary.json and <dir>/summary.md
+    python experiments/rl_signal/summarize.py pair <base records.jsonl> <records.jsonl> --out <file.json>
+        one row against another on their shared questions (e.g. a longer warm-up against the default one)
 """
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ragteam.eval import stats
@@ -118,7 +121,23 @@ def markdown(s: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pair(base: Path, other: Path) -> dict:
+    b = records(base)
+    return {"base": str(base), "other": str(other), "base_scores": percent(b, list(b)), **seed_row(b, records(other))}
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["pair"]:
+        ap = argparse.ArgumentParser(description="one evaluate row against another, paired on their questions")
+        ap.add_argument("base", type=Path)
+        ap.add_argument("other", type=Path)
+        ap.add_argument("--out", type=Path, required=True)
+        a = ap.parse_args(sys.argv[2:])
+        r = pair(a.base, a.other)
+        a.out.write_text(json.dumps(r, indent=1) + "\n")
+        print(f"{a.other} against {a.base} on {r['n']} questions: F1 {r['base_scores']['f1']} -> {r['rl']['f1']}, "
+              f"paired {_iv(r['f1'])}; EM {r['base_scores']['em']} -> {r['rl']['em']}, paired {_iv(r['em'])}")
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("system")
     ap.add_argument("runs", type=Path, nargs="+")
