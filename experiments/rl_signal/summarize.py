@@ -95,6 +95,7 @@ def summarize(system: str, runs: list[Path]) -> dict:
 
 
 def _iv(d: dict) -> str:
+    """A paired difference as +d [lo, hi] (also the GPU summary's)."""
     return f"{d['diff']:+.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
 
 

@@ -67,8 +67,8 @@ def markdown(s: dict) -> str:
             c = x["curve"]
             rew = f"{c[0].get('reward', float('nan')):.3f} → {c[-1].get('reward', float('nan')):.3f}" if c else "-"
             kl = f"{c[-1].get('kl_start', float('nan')):.4f}" if c else "-"
-            lines.append(f"| {seed} | {x['rl']['f1']} | {x['f1']['diff']:+.2f} [{x['f1']['lo']:.2f}, {x['f1']['hi']:.2f}]"
-                         f" | {x['rl']['em']} | {x['em']['diff']:+.2f} [{x['em']['lo']:.2f}, {x['em']['hi']:.2f}]"
+            lines.append(f"| {seed} | {x['rl']['f1']} | {_common._iv(x['f1'])}"
+                         f" | {x['rl']['em']} | {_common._iv(x['em'])}"
                          f" | {x['rl']['no_answer']} | {x['rl']['format_error_questions']} | {rew} | {kl} |")
         if "over_seeds" in r:
             o = r["over_seeds"]["f1"]
