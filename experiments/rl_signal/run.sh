@@ -23,7 +23,9 @@
 # `run.sh jade /tmp/w1 lr2e-3-kl0.1 0 1 2 -- actor_lr=2e-3 kl_coef=0.1` (29-30 min of training, 9 min of evaluate).
 # From M-ASK's 96-step warm-up (warmup_longer.sh mask /tmp/w1 warmup96 96 16): `run.sh mask /tmp/w1-warmup96
 # warmup96-lr2e-3-kl0.1-s4 0 1 2 -- actor_lr=2e-3 kl_coef=0.1 steps=4` (25-31 min beside the relock, 13 min of
-# evaluate); seeds over runs: summarize.py.
+# evaluate); seeds over runs: summarize.py. The same for 8 steps (2026-11-29): `run.sh mask /tmp/w1-warmup96
+# warmup96-lr2e-3-kl0.1 0 1 2 -- actor_lr=2e-3 kl_coef=0.1` (35-41 min; its evaluate was run by hand, docs/joint.md).
+# warmup_longer.sh now names its copy <workspace>-<system>-<tag> (here /tmp/w1-mask-warmup96).
 set -euo pipefail
 system=$1 ws=$2 tag=$3; shift 3
 seeds=() extra=()

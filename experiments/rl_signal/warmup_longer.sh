@@ -10,13 +10,14 @@
 #   experiments/rl_signal/warmup_longer.sh <system> <workspace> <tag> <steps> <probe_every>
 #
 # <workspace>: a scratch checkout after `dvc repro warmup_joint@<system> index_bm25@bm25s prepare_data` (and
-# `evaluate` for the pairing). The copy is <workspace>-<tag>; `run.sh <system> <workspace>-<tag> ...` then trains RL
-# from the longer warm-up. Results: experiments/rl_signal/<system>/<tag>/ (params, warm-up log, metrics, curves,
-# evaluate records, pairing.json).
+# `evaluate` for the pairing). The copy is <workspace>-<system>-<tag> (with the system in its name, so that two
+# systems' warm-ups of one tag from one workspace cannot overwrite each other's copy; it is replaced if it exists);
+# `run.sh <system> <workspace>-<system>-<tag> ...` then trains RL from the longer warm-up. Results:
+# experiments/rl_signal/<system>/<tag>/ (params, warm-up log, metrics, curves, evaluate records, pairing.json).
 set -euo pipefail
 system=$1 ws=$2 tag=$3 steps=$4 every=$5
 here=$(cd "$(dirname "$0")" && pwd)
-out=$here/$system/$tag copy=$ws-$tag
+out=$here/$system/$tag copy=$ws-$system-$tag
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
 rm -rf "$copy" && mkdir -p "$copy"
