@@ -72,3 +72,26 @@ def test_pair_scores_one_row_against_another_on_their_shared_questions(tmp_path)
     r = summ.pair(tmp_path / "short.jsonl", tmp_path / "long.jsonl")
     assert r["base_scores"]["f1"] == 37.5 and r["n"] == 3 and r["rl"]["f1"] == 100.0
     assert r["f1"]["diff"] == pytest.approx(50.0)                              # (+1 + 0.5 + 0) / 3
+
+
+def test_roles_count_each_roles_calls_format_errors_and_mean_tokens(tmp_path):
+    from ragteam.records import AgentCall
+
+    def call(role, tokens, error=None):
+        return AgentCall(role=role, prompt=[], completion_tokens=tokens, format_error=error)
+
+    run = _run(tmp_path / "tag", {"0": WARM})
+    # the warm-up: 2 Update calls, one malformed (9 and 11 tokens); 1 Planning call of 80 tokens
+    write_episodes(run / "records" / "mask_warmup" / "synthetic.jsonl", [
+        Episode(question_id="q1", question="question q1", golden_answers=["a"], metrics={"f1": 0.0, "em": 0.0,
+                "no_answer": 1.0, "format_error_questions": 1.0},
+                calls=[call("mask_planning", 80), call("mask_update", 9, "bad <Add> step"), call("mask_update", 11)])])
+    write_episodes(run / "records" / "mask_rl_seed0" / "synthetic.jsonl", [
+        Episode(question_id="q1", question="question q1", golden_answers=["a"], metrics={"f1": 1.0, "em": 1.0,
+                "no_answer": 0.0, "format_error_questions": 0.0}, calls=[call("mask_planning", 40)])])
+    s = summ.summarize("mask", [run])
+    assert s["warmup_roles"] == {"mask_planning": {"calls": 1, "format_errors": 0, "mean_tokens": 80.0},
+                                 "mask_update": {"calls": 2, "format_errors": 1, "mean_tokens": 10.0}}
+    assert s["seeds"]["0"]["roles"] == {"mask_planning": {"calls": 1, "format_errors": 0, "mean_tokens": 40.0}}
+    md = summ.markdown(s)
+    assert "| warm-up | 0 / 1, 80.0 | 1 / 2, 10.0 |" in md and "| RL seed 0 | 0 / 1, 40.0 | – |" in md

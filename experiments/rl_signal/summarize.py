@@ -29,6 +29,20 @@ def records(path: Path) -> dict[str, dict]:
     return {e.question_id: e.metrics for e in read_episodes(path)}
 
 
+def roles(path: Path) -> dict[str, dict]:
+    """Per role of the row's calls: how many, how many broke the role's format, and the mean output tokens (where
+    RL moves a role's formats or lengths, e.g. M-ASK's Update numbering or its plans shrinking)."""
+    out: dict[str, dict] = {}
+    for e in read_episodes(path):
+        for c in e.calls:
+            r = out.setdefault(c.role, {"calls": 0, "format_errors": 0, "tokens": 0})
+            r["calls"] += 1
+            r["format_errors"] += c.format_error is not None
+            r["tokens"] += c.completion_tokens
+    return {role: {"calls": r["calls"], "format_errors": r["format_errors"],
+                   "mean_tokens": round(r["tokens"] / r["calls"], 1)} for role, r in sorted(out.items())}
+
+
 def percent(recs: dict[str, dict], ids: list[str]) -> dict[str, float]:
     return {k: round(100 * sum(recs[q][k] for q in ids) / len(ids), 2) for k in KEYS}
 
@@ -67,12 +81,15 @@ def _curve(seed_dir: Path, names=("reward", "kl_start", "episode_f1")) -> dict[s
 
 def summarize(system: str, runs: list[Path]) -> dict:
     warm: dict[str, dict] | None = None
+    warm_roles: dict[str, dict] = {}
     seeds: dict[str, dict[str, dict]] = {}
     curves: dict[str, dict] = {}
+    seed_roles: dict[str, dict] = {}
     for run in runs:
         w = records(run / "records" / f"{system}_warmup" / "synthetic.jsonl")
         if warm is None:
             warm = w
+            warm_roles = roles(run / "records" / f"{system}_warmup" / "synthetic.jsonl")
         else:
             for q in warm.keys() & w.keys():
                 if warm[q] != w[q]:
@@ -83,12 +100,13 @@ def summarize(system: str, runs: list[Path]) -> dict:
             if seed in seeds:
                 raise ValueError(f"{run}: RL seed {seed} appears in more than one run")
             seeds[seed] = records(d / "synthetic.jsonl")
+            seed_roles[seed] = roles(d / "synthetic.jsonl")
             curves[seed] = _curve(run / f"seed{seed}")
     if warm is None or not seeds:
         raise ValueError(f"no warm-up and RL seed records under {', '.join(map(str, runs))}")
-    rows = {s: {**seed_row(warm, rl), "curve": curves[s]} for s, rl in sorted(seeds.items())}
+    rows = {s: {**seed_row(warm, rl), "curve": curves[s], "roles": seed_roles[s]} for s, rl in sorted(seeds.items())}
     out = {"system": system, "runs": [str(r) for r in runs], "n_questions": len(warm),
-           "warmup": percent(warm, list(warm)), "seeds": rows}
+           "warmup": percent(warm, list(warm)), "warmup_roles": warm_roles, "seeds": rows}
     if len(rows) > 1:
         out["over_seeds"] = over_seeds(warm, seeds, rows)
     return out
@@ -112,6 +130,14 @@ def markdown(s: dict) -> str:
                      f"{x['rl']['no_answer']} | {x['rl']['format_error_questions']} | "
                      f"{' '.join(f'{v:.2f}' for v in c.get('reward', []))} | "
                      f"{' '.join(f'{v:.3f}' for v in c.get('kl_start', []))} |")
+    names = sorted({r for x in [s["warmup_roles"], *(x["roles"] for x in s["seeds"].values())] for r in x})
+    if names:
+        lines += ["", "Calls per role (format errors / calls, mean output tokens):", "",
+                  "| row | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+        for label, rs in [("warm-up", s["warmup_roles"])] + [(f"RL seed {k}", x["roles"]) for k, x in s["seeds"].items()]:
+            cells = [f"{rs[n]['format_errors']} / {rs[n]['calls']}, {rs[n]['mean_tokens']}" if n in rs else "–"
+                     for n in names]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if "over_seeds" in s:
         o = s["over_seeds"]
         for k in ("f1", "em"):
