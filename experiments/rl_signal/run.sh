@@ -26,6 +26,9 @@
 # evaluate); seeds over runs: summarize.py. The same for 8 steps (2026-11-29): `run.sh mask /tmp/w1-warmup96
 # warmup96-lr2e-3-kl0.1 0 1 2 -- actor_lr=2e-3 kl_coef=0.1` (35-41 min; its evaluate was run by hand, docs/joint.md).
 # warmup_longer.sh now names its copy <workspace>-<system>-<tag> (here /tmp/w1-mask-warmup96).
+# Seeds 3 and 4: `run.sh mask /tmp/m96 warmup96-lr2e-3-kl0.1-seeds34 3 4 -- actor_lr=2e-3 kl_coef=0.1` (/tmp/m96: a
+# copy holding the same warm-up); JADE from its own 96-step warm-up: `run.sh jade /tmp/w1-warmup96 warmup96-lr2e-3-kl0.1
+# 0 1 2 -- actor_lr=2e-3 kl_coef=0.1`.
 set -euo pipefail
 system=$1 ws=$2 tag=$3; shift 3
 seeds=() extra=()
