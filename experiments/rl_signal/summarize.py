@@ -29,11 +29,17 @@ def records(path: Path) -> dict[str, dict]:
     return {e.question_id: e.metrics for e in read_episodes(path)}
 
 
-def roles(path: Path) -> dict[str, dict]:
-    """Per role of the row's calls: how many, how many broke the role's format, and the mean output tokens (where
+def row(path: Path) -> tuple[dict[str, dict], dict[str, dict]]:
+    """One evaluate row read once: its metrics per question (as `records`) and its calls per role (`roles`)."""
+    episodes = read_episodes(path)
+    return {e.question_id: e.metrics for e in episodes}, roles(episodes)
+
+
+def roles(episodes) -> dict[str, dict]:
+    """Per role of a row's calls: how many, how many broke the role's format, and the mean output tokens (where
     RL moves a role's formats or lengths, e.g. M-ASK's Update numbering or its plans shrinking)."""
     out: dict[str, dict] = {}
-    for e in read_episodes(path):
+    for e in episodes:
         for c in e.calls:
             r = out.setdefault(c.role, {"calls": 0, "format_errors": 0, "tokens": 0})
             r["calls"] += 1
@@ -86,10 +92,9 @@ def summarize(system: str, runs: list[Path]) -> dict:
     curves: dict[str, dict] = {}
     seed_roles: dict[str, dict] = {}
     for run in runs:
-        w = records(run / "records" / f"{system}_warmup" / "synthetic.jsonl")
+        w, w_roles = row(run / "records" / f"{system}_warmup" / "synthetic.jsonl")
         if warm is None:
-            warm = w
-            warm_roles = roles(run / "records" / f"{system}_warmup" / "synthetic.jsonl")
+            warm, warm_roles = w, w_roles
         else:
             for q in warm.keys() & w.keys():
                 if warm[q] != w[q]:
@@ -99,8 +104,7 @@ def summarize(system: str, runs: list[Path]) -> dict:
             seed = d.name.removeprefix(f"{system}_rl_seed")
             if seed in seeds:
                 raise ValueError(f"{run}: RL seed {seed} appears in more than one run")
-            seeds[seed] = records(d / "synthetic.jsonl")
-            seed_roles[seed] = roles(d / "synthetic.jsonl")
+            seeds[seed], seed_roles[seed] = row(d / "synthetic.jsonl")
             curves[seed] = _curve(run / f"seed{seed}")
     if warm is None or not seeds:
         raise ValueError(f"no warm-up and RL seed records under {', '.join(map(str, runs))}")
