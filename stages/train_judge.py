@@ -34,7 +34,8 @@ def run(tp: TrainJudgeParams, llm: LLMConfig, orl: OpenRLHFParams | None = None)
                               params=tp.sft, cluster=orl)
         run_openrlhf([job], STAGE, orl)
         return {"backend": "openrlhf", "samples": len(samples)}
-    result = train_sft(samples, llm.model, str(CHECKPOINTS / STAGE), tp.sft, run_tag={"agent": "judge"})
+    result = train_sft(samples, llm.model, str(CHECKPOINTS / STAGE), tp.sft, run_tag={"agent": "judge"},
+                       dtype=llm.dtype)
     return finish_agent(
         result, curve_rows(result.log_history), stage=STAGE, agent=AGENT, base_model=llm.model, backend="trl/sft",
         data={"t3_judge": T3}, params=tp.model_dump(),

@@ -179,10 +179,36 @@ def run_resumable(trainer: Any, resume_from: str | None) -> tuple[list[dict], in
 
 
 def unwrap_model(model: Any) -> Any:
-    """A plain transformers model: LoRA adapters merged into the weights (so the agent loads without peft)."""
-    if hasattr(model, "merge_and_unload"):
-        model = model.merge_and_unload()
-    return model
+    """A plain transformers model: LoRA adapters merged into the weights (so the agent loads without peft).
+
+    A LoRA policy trained over a bf16 copy of its base (`llm.dtype: bfloat16`) is merged into the base's float32
+    weights, read again from the checkpoint peft names: merged in bf16, W + ΔW would lose the small ΔW to rounding
+    (and the base its own precision), and the saved agent is float32 like every other."""
+    if not hasattr(model, "merge_and_unload"):
+        return model
+    import torch
+
+    frozen = [t for t in model.parameters() if not t.requires_grad]
+    if frozen and any(t.dtype != torch.float32 for t in frozen):
+        model = _over_fp32_base(model)
+    return model.merge_and_unload()
+
+
+def _over_fp32_base(model: Any) -> Any:
+    """The peft `model`'s adapters (float32) on a float32 copy of its base checkpoint."""
+    import torch
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    config = model.peft_config["default"]
+    base = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, dtype=torch.float32)
+    fresh = get_peft_model(base, config)
+    state = {k: v.float() for k, v in get_peft_model_state_dict(model).items()}
+    result = set_peft_model_state_dict(fresh, state)
+    if getattr(result, "unexpected_keys", None):
+        raise RuntimeError(f"merging LoRA over the float32 base {config.base_model_name_or_path}: unexpected "
+                           f"adapter keys {result.unexpected_keys[:3]}")
+    return fresh
 
 
 def save_agent(result: TrainResult, out_dir: str | Path, card: str | None = None) -> Path:

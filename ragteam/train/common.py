@@ -139,8 +139,29 @@ def lora_config(p: LoraParams, model_path: str):
                       layers_to_transform=layers, task_type="CAUSAL_LM")
 
 
-def device_args() -> dict[str, Any]:
+def cpu_bf16_native(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX-BF16 or AVX512-BF16, Linux /proc/cpuinfo): there
+    bf16 matmuls run ~2x fp32 (SFT step and vLLM evaluation pass measured 1.8-1.9x, docs/environments.md);
+    elsewhere torch and vLLM convert to fp32 and bf16 is slower than fp32."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def device_args(dtype: str = "float32") -> dict[str, Any]:
+    """TrainingArguments for the device: CUDA trains in bf16 mixed precision where it can (as before); the CPU in
+    fp32 unless the engine dtype (`llm.dtype`) is bfloat16, then in bf16 autocast over fp32 master weights."""
     import torch
 
     cuda = torch.cuda.is_available()
-    return {"use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported())}
+    bf16 = torch.cuda.is_bf16_supported() if cuda else dtype == "bfloat16"
+    return {"use_cpu": not cuda, "bf16": bool(bf16)}
+
+
+def precision_tag(dtype: str) -> dict[str, str]:
+    """A training fingerprint's precision part: empty at float32 (fingerprints, hence model hashes, of fp32 runs stay
+    what they were), else {"dtype": ...}, so a bf16 run never resumes an fp32 run's checkpoints or vice versa."""
+    return {} if dtype in ("float32", "auto") else {"dtype": dtype}

@@ -27,7 +27,7 @@ from ragteam.llm import call_seed
 from ragteam.train.advantages import group_normalized
 from ragteam.train.checkpoints import (TrainResult, diverged, fingerprint, load_train_state, model_identity,
                                       prepare_resume, save_train_state)
-from ragteam.train.common import GRPOParams, GRPOSample, lora_config, model_params, validate_samples
+from ragteam.train.common import GRPOParams, GRPOSample, lora_config, model_params, precision_tag, validate_samples
 
 log = logging.getLogger(__name__)
 
@@ -153,21 +153,25 @@ def train_grpo_shared_prefix(
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     data = [{"prompt": s.prompt, "golden_answers": s.golden_answers, "id": s.id,
              "meta": json.dumps(s.meta, sort_keys=True)} for s in rows]
+    # the compute precision: fp32, or with LoRA and `llm.dtype: bfloat16` the frozen base in bf16 and the adapters
+    # in fp32 (as the joint trainer); full fine-tuning keeps fp32 weights, since bf16 rounds small steps away
+    bf16 = params.lora.enabled and engine_cfg is not None and engine_cfg.dtype == "bfloat16"
     fp = fingerprint(kind="grpo", params=model_params(params), model=model_identity(model_path), data=data,
-                     tag=run_tag or {}, trainer="shared_prefix")
+                     tag=run_tag or {}, trainer="shared_prefix", **precision_tag("bfloat16" if bf16 else "float32"))
     resume = prepare_resume(ckpt_dir, fp)
     torch.manual_seed(params.seed)
     random.seed(params.seed)
 
-    # fp32 on the GPU when there is one (rollouts and loss on the same device), else the CPU
+    # on the GPU when there is one (rollouts and loss on the same device), else the CPU
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if bf16 else torch.float32)
+    model = model.to(device)
     ref = None
     if params.lora.enabled:
         from peft import get_peft_model
 
-        model = get_peft_model(model, lora_config(params.lora, model_path))
+        model = get_peft_model(model, lora_config(params.lora, model_path), autocast_adapter_dtype=True)
     elif params.kl_beta > 0:
         ref = (AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
                .requires_grad_(False))

@@ -73,7 +73,7 @@ from ragteam.train.advantages import Scope
 from ragteam.train.checkpoints import TrainingDiverged  # noqa: F401  (callers catch it from here)
 from ragteam.train.checkpoints import (TrainResult, checkpoint_steps, diverged, fingerprint, load_train_state,
                                       model_identity, prepare_resume, save_train_state)
-from ragteam.train.common import LoraParams, lora_config, model_params
+from ragteam.train.common import LoraParams, lora_config, model_params, precision_tag
 
 log = logging.getLogger(__name__)
 
@@ -838,7 +838,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     fp = fingerprint(kind="joint_ppo", system=system.name, params=model_params(p), model=model_identity(model_path),
                      data=[[r["id"], r["question"], r["golden_answers"]] for r in rows], tag=run_tag or {},
                      gae_scope=system.gae_scope,
-                     workflow=system.describe, sampling={k: v.model_dump() for k, v in (sampling or {}).items()})
+                     workflow=system.describe, sampling={k: v.model_dump() for k, v in (sampling or {}).items()},
+                     **precision_tag(engine_cfg.dtype))
     accel = Accelerator(cpu=engine_cfg.device == "cpu")
     if accel.is_main_process:      # stale checkpoints (another fingerprint) are wiped once, then every process resumes
         prepare_resume(ckpt_dir, fp)
@@ -850,8 +851,10 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     if engine_cfg.threads:
         torch.set_num_threads(engine_cfg.threads)
     device = str(accel.device)
-    cpu_or_default = engine_cfg.dtype in ("auto", "float32") or device == "cpu"
-    dtype = torch.float32 if cpu_or_default else getattr(torch, engine_cfg.dtype)
+    # the compute precision: the engine's, except fp16 on the CPU (no fast kernels there); bf16 runs on the CPU too
+    # (2x fp32 where the CPU multiplies bf16 in hardware, `cpu_bf16_native`)
+    fp32 = engine_cfg.dtype in ("auto", "float32") or (device == "cpu" and engine_cfg.dtype == "float16")
+    dtype = torch.float32 if fp32 else getattr(torch, engine_cfg.dtype)
     tok = AutoTokenizer.from_pretrained(model_path)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ac = _build_actor_critic(model_path, p, device, dtype, with_critic=system.critic)

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragteam.config import Strict
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
-from ragteam.train.common import LoraParams, Messages, device_args, lora_config, model_params, validate_samples
+from ragteam.train.common import (LoraParams, Messages, device_args, lora_config, model_params, precision_tag,
+                                  validate_samples)
 
 
 class SFTParams(Strict):
@@ -61,8 +62,10 @@ def sft_rows(samples: Sequence[SFTSample | dict], tokenizer, max_length: int) ->
     return rows, dropped
 
 
-def sft_trainer(rows: list[dict], model_path: str, ckpt_dir: str, params: SFTParams, callbacks: list | None = None):
-    """The configured SFTTrainer (its `train_dataset` holds input_ids / labels, prompt tokens at -100)."""
+def sft_trainer(rows: list[dict], model_path: str, ckpt_dir: str, params: SFTParams, callbacks: list | None = None,
+                dtype: str = "float32"):
+    """The configured SFTTrainer (its `train_dataset` holds input_ids / labels, prompt tokens at -100); `dtype` is
+    the compute precision (`llm.dtype`: bfloat16 trains under bf16 autocast, also on the CPU)."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -72,7 +75,7 @@ def sft_trainer(rows: list[dict], model_path: str, ckpt_dir: str, params: SFTPar
         learning_rate=params.lr, lr_scheduler_type=params.lr_scheduler, max_length=params.max_length,
         completion_only_loss=True, seed=params.seed, data_seed=params.seed, save_strategy="steps",
         save_steps=params.save_steps, save_total_limit=params.save_total_limit, logging_steps=1, report_to="none",
-        gradient_checkpointing=params.gradient_checkpointing, **device_args(),
+        gradient_checkpointing=params.gradient_checkpointing, **device_args(dtype),
     )
     return SFTTrainer(model=str(model_path), args=cfg, train_dataset=Dataset.from_list(rows),
                       callbacks=callbacks,
@@ -80,15 +83,16 @@ def sft_trainer(rows: list[dict], model_path: str, ckpt_dir: str, params: SFTPar
 
 
 def train_sft(samples: Sequence[SFTSample | dict], model_path: str, ckpt_dir: str, params: SFTParams, *,
-              run_tag: dict[str, Any] | None = None, callbacks: list | None = None) -> TrainResult:
+              run_tag: dict[str, Any] | None = None, callbacks: list | None = None,
+              dtype: str = "float32") -> TrainResult:
     """SFT from `model_path`, checkpointing under `ckpt_dir` and resuming from its last checkpoint."""
     from transformers import AutoTokenizer
 
     rows, dropped = sft_rows(samples, AutoTokenizer.from_pretrained(model_path), params.max_length)
     fp = fingerprint(kind="sft", params=model_params(params), model=model_identity(model_path), data=rows,
-                     tag=run_tag or {})
+                     tag=run_tag or {}, **precision_tag(dtype))
     resume = prepare_resume(ckpt_dir, fp)
-    trainer = sft_trainer(rows, model_path, ckpt_dir, params, callbacks)
+    trainer = sft_trainer(rows, model_path, ckpt_dir, params, callbacks, dtype)
     history, step, seconds = run_resumable(trainer, resume)
     return TrainResult(model=trainer.model, tokenizer=trainer.processing_class, log_history=history,
                        global_step=step, seconds=seconds,

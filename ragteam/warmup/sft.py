@@ -37,7 +37,7 @@ from ragteam.agents.core import FormatError
 from ragteam.config import Strict, deep_merge, parse_section
 from ragteam.llm import EngineConfig, SamplingConfig, Team, chat_text
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
-from ragteam.train.common import model_params
+from ragteam.train.common import model_params, precision_tag
 from ragteam.train.sft import SFTParams, sft_trainer
 from ragteam.warmup.oracle import OracleSystem
 
@@ -277,10 +277,10 @@ def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, 
                      model=model_identity(model_path),
                      data=rows, probe=[[r["question_id"], r["role"]] for r in probe.rows],
                      threshold=p.format_threshold, stop_when=p.stop_when, every=p.probe_every,
-                     probe_from=p.probe_from, tag=run_tag or {})
+                     probe_from=p.probe_from, tag=run_tag or {}, **precision_tag(engine_cfg.dtype))
     resume = prepare_resume(ckpt_dir, fp)
     callbacks = [probe_callback(probe, p.probe_every, p.below_threshold, p.probe_at_start, p.probe_from)]
-    trainer = sft_trainer(rows, model_path, ckpt_dir, p.sft, callbacks=callbacks)
+    trainer = sft_trainer(rows, model_path, ckpt_dir, p.sft, callbacks=callbacks, dtype=engine_cfg.dtype)
     if resume and stopped_at_threshold(resume, p.below_threshold):
         # the run already ended there: load it and train no further (the trainer would go on to the cap), so a
         # rerun gives the same model
