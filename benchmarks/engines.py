@@ -47,7 +47,9 @@ def _rows(path: Path, n: int) -> list[dict]:
     return load_qa(path)[:n]
 
 
-ENGINES = ("hf", "vllm", "vllm_ray2")   # vllm_ray2: 2 vLLM engines as Ray actors on a local cluster, 1 core each
+# vllm_ray2: 2 vLLM engines as Ray actors on a local cluster, 1 core each; <engine>_bf16: that engine computing in
+# bfloat16 (`llm.dtype`, profiles/cpu-bf16.yaml), the others in the params' dtype
+ENGINES = ("hf", "vllm", "vllm_ray2", "hf_bf16", "vllm_bf16")
 
 
 def _llm(params: dict, backend: str):
@@ -55,6 +57,9 @@ def _llm(params: dict, backend: str):
     from ragteam.llm import LLMConfig
 
     llm = parse_section(params, "llm", LLMConfig)
+    if backend.endswith("_bf16"):
+        backend = backend.removesuffix("_bf16")
+        llm = llm.model_copy(update={"dtype": "bfloat16"})
     # vLLM without torch.compile: a stage-sized job amortises none of its ~30 s extra start-up (notes/stack.md §11)
     vllm = llm.vllm.model_copy(update={"enforce_eager": True})
     if backend == "vllm_ray2":
@@ -221,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--name", default="engines", help="the results' file name: <out>/<name>.json and .md")
     args = ap.parse_args(argv)
+    if "joint_rollout" in args.only and any(e.endswith("_bf16") for e in args.engines):
+        ap.error("joint_rollout has no _bf16 engines (its live policy is built in fp32 here); time bf16 joint "
+                 "training as a stage: python -m benchmarks.train_stages ... 'train_joint@<s>:bf16:llm.dtype=bfloat16'")
     os.chdir(REPO)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -238,7 +246,10 @@ def main(argv: list[str] | None = None) -> None:
             r = measure(name, backend, params, args.questions)
             print(json.dumps(r), flush=True)
             results.append(r)
+    from ragteam.train.common import cpu_bf16_native
+
     meta = {"questions": args.questions, "cpus": os.cpu_count(), "machine": platform.machine(),
+            "cpu_bf16_native": cpu_bf16_native(),
             "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
             "environment": {k: v for k, v in runtime_environment().items() if k not in ("interpreter", "prefix")},
             "command": "python -m benchmarks.engines " + " ".join(argv if argv is not None else sys.argv[1:])}
