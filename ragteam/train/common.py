@@ -141,8 +141,8 @@ def lora_config(p: LoraParams, model_path: str):
 
 def cpu_bf16_native(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AMX-BF16 or AVX512-BF16, Linux /proc/cpuinfo): there
-    bf16 matmuls run ~2x fp32 (SFT step and vLLM evaluation pass measured 1.8-1.9x, docs/environments.md);
-    elsewhere torch and vLLM convert to fp32 and bf16 is slower than fp32."""
+    bf16 matmuls run up to ~2x fp32 (vLLM passes 1.6-2.4x, whole training stages ~1.3x:
+    benchmarks/results/cpu_bf16.md); elsewhere torch and vLLM emulate bf16, slower than fp32."""
     try:
         with open(cpuinfo, encoding="utf-8") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
