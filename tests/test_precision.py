@@ -28,9 +28,35 @@ def test_device_args_train_the_cpu_in_bf16_only_when_asked(monkeypatch):
     assert device_args("bfloat16") == {"use_cpu": True, "bf16": True}
 
 
-def test_precision_tag_leaves_fp32_fingerprints_as_they_were():
-    assert precision_tag("float32") == {} and precision_tag("auto") == {}
-    assert precision_tag("bfloat16") == {"dtype": "bfloat16"}
+def test_precision_tag_marks_cpu_bf16_alone_so_every_other_fingerprint_stays_as_it_was():
+    assert precision_tag("float32", "cpu") == {} and precision_tag("auto", "cpu") == {}
+    assert precision_tag("float16", "cpu") == {}                     # computes in fp32 there
+    assert precision_tag("bfloat16", "cpu") == {"dtype": "bfloat16"}
+    assert precision_tag("bfloat16", "cuda") == {}                   # CUDA's precision rules did not change
+
+
+def test_the_joint_trainer_computes_bf16_on_the_cpu_only_when_asked_and_cuda_as_before():
+    from ragteam.train.ppo import compute_dtype
+
+    assert compute_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert compute_dtype("float32", "cpu") == compute_dtype("auto", "cpu") == torch.float32
+    assert compute_dtype("float16", "cpu") == torch.float32
+    assert compute_dtype("bfloat16", "cuda:0") == torch.bfloat16 and compute_dtype("float16", "cuda") == torch.float16
+    assert compute_dtype("auto", "cuda") == torch.float32
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch):
+    import ragteam.train.common as common
+
+    monkeypatch.setattr(common, "cpu_bf16_native", lambda cpuinfo="/proc/cpuinfo": False)
+    with pytest.warns(RuntimeWarning, match="emulated"):
+        assert common.cpu_bf16("bfloat16", "cpu")
+    monkeypatch.setattr(common, "cpu_bf16_native", lambda cpuinfo="/proc/cpuinfo": True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert common.cpu_bf16("bfloat16", "cpu") and not common.cpu_bf16("float32", "cpu")
 
 
 SAMPLES = [{"id": f"s{i}", "prompt": [{"role": "user", "content": f"Is {w} enough evidence?"}],
@@ -45,9 +71,11 @@ def test_sft_trains_under_bf16_autocast_on_the_cpu_with_fp32_weights(tiny_llama,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     params = SFTParams(steps=2, batch_size=2, lr=1e-3, max_length=96, save_steps=1)
     rows, _ = sft_rows(SAMPLES, AutoTokenizer.from_pretrained(tiny_llama), params.max_length)
-    assert sft_trainer(rows, str(tiny_llama), str(tmp_path / "a"), params).args.bf16 is False
+    fp32_trainer = sft_trainer(rows, str(tiny_llama), str(tmp_path / "a"), params)
+    assert fp32_trainer.args.bf16 is False and fp32_trainer.accelerator.mixed_precision == "no"
     trainer = sft_trainer(rows, str(tiny_llama), str(tmp_path / "b"), params, dtype="bfloat16")
     assert trainer.args.bf16 is True and trainer.args.use_cpu is True
+    assert trainer.accelerator.mixed_precision == "bf16"             # the forward runs under CPU bf16 autocast
     # the master weights stay fp32: an lr-sized step must not round away
     assert all(t.dtype == torch.float32 for t in trainer.model.parameters() if t.requires_grad)
 

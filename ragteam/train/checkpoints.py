@@ -189,7 +189,9 @@ def unwrap_model(model: Any) -> Any:
     import torch
 
     frozen = [t for t in model.parameters() if not t.requires_grad]
-    if frozen and any(t.dtype != torch.float32 for t in frozen):
+    # on the CPU only: a CUDA run (the paper profile's 8B model) keeps merging in its own dtype, as before, rather
+    # than load a second, fp32 copy of its base
+    if frozen and frozen[0].device.type == "cpu" and any(t.dtype != torch.float32 for t in frozen):
         model = _over_fp32_base(model)
     return model.merge_and_unload()
 
@@ -200,14 +202,21 @@ def _over_fp32_base(model: Any) -> Any:
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
+    if list(model.peft_config) != ["default"]:
+        raise RuntimeError(f"merging LoRA over a float32 base: one adapter named 'default' expected, got "
+                           f"{list(model.peft_config)}")
     config = model.peft_config["default"]
-    base = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, dtype=torch.float32)
-    fresh = get_peft_model(base, config)
+    path = config.base_model_name_or_path
+    if not path or not Path(path).is_dir():
+        raise RuntimeError(f"merging LoRA over a float32 base: the base checkpoint {path!r} that peft names is not a "
+                           "directory here (the trainer loads its base from a local directory)")
+    fresh = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), config)
     state = {k: v.float() for k, v in get_peft_model_state_dict(model).items()}
     result = set_peft_model_state_dict(fresh, state)
-    if getattr(result, "unexpected_keys", None):
-        raise RuntimeError(f"merging LoRA over the float32 base {config.base_model_name_or_path}: unexpected "
-                           f"adapter keys {result.unexpected_keys[:3]}")
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if getattr(result, "unexpected_keys", None) or missing:
+        raise RuntimeError(f"merging LoRA over the float32 base {path}: adapter keys unexpected "
+                           f"{list(getattr(result, 'unexpected_keys', []))[:3]}, missing {missing[:3]}")
     return fresh
 
 

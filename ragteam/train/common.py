@@ -151,17 +151,34 @@ def cpu_bf16_native(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+def cpu_bf16(dtype: str, device: str | None = None) -> bool:
+    """Whether a trainer on `device` (None: cuda if there is one, else cpu) computes in bf16 because `llm.dtype` asks
+    for it on the CPU: the one case this option changes (CUDA kept its own precision rules). Warns once when the CPU
+    has no native bf16, where it runs slower than fp32."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on = dtype == "bfloat16" and str(device).startswith("cpu")
+    if on and not cpu_bf16_native():
+        import warnings
+
+        warnings.warn("llm.dtype is bfloat16 but this CPU has neither AMX-BF16 nor AVX512-BF16: bf16 is emulated "
+                      "here and slower than float32 (benchmarks/results/cpu_bf16.md)", RuntimeWarning, stacklevel=2)
+    return on
+
+
 def device_args(dtype: str = "float32") -> dict[str, Any]:
     """TrainingArguments for the device: CUDA trains in bf16 mixed precision where it can (as before); the CPU in
     fp32 unless the engine dtype (`llm.dtype`) is bfloat16, then in bf16 autocast over fp32 master weights."""
     import torch
 
     cuda = torch.cuda.is_available()
-    bf16 = torch.cuda.is_bf16_supported() if cuda else dtype == "bfloat16"
+    bf16 = torch.cuda.is_bf16_supported() if cuda else cpu_bf16(dtype, "cpu")
     return {"use_cpu": not cuda, "bf16": bool(bf16)}
 
 
-def precision_tag(dtype: str) -> dict[str, str]:
-    """A training fingerprint's precision part: empty at float32 (fingerprints, hence model hashes, of fp32 runs stay
-    what they were), else {"dtype": ...}, so a bf16 run never resumes an fp32 run's checkpoints or vice versa."""
-    return {} if dtype in ("float32", "auto") else {"dtype": dtype}
+def precision_tag(dtype: str, device: str | None = None) -> dict[str, str]:
+    """A training fingerprint's precision part: {"dtype": "bfloat16"} for bf16 on the CPU (`cpu_bf16`), else empty,
+    so every other run's fingerprint (hence its model's hash), on the CPU or on CUDA, stays what it was, and a CPU bf16
+    run never resumes an fp32 run's checkpoints or vice versa."""
+    return {"dtype": "bfloat16"} if cpu_bf16(dtype, device) else {}

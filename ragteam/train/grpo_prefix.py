@@ -27,7 +27,7 @@ from ragteam.llm import call_seed
 from ragteam.train.advantages import group_normalized
 from ragteam.train.checkpoints import (TrainResult, diverged, fingerprint, load_train_state, model_identity,
                                       prepare_resume, save_train_state)
-from ragteam.train.common import GRPOParams, GRPOSample, lora_config, model_params, precision_tag, validate_samples
+from ragteam.train.common import GRPOParams, GRPOSample, cpu_bf16, lora_config, model_params, validate_samples
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +153,11 @@ def train_grpo_shared_prefix(
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     data = [{"prompt": s.prompt, "golden_answers": s.golden_answers, "id": s.id,
              "meta": json.dumps(s.meta, sort_keys=True)} for s in rows]
-    # the compute precision: fp32, or with LoRA and `llm.dtype: bfloat16` the frozen base in bf16 and the adapters
-    # in fp32 (as the joint trainer); full fine-tuning keeps fp32 weights, since bf16 rounds small steps away
-    bf16 = params.lora.enabled and engine_cfg is not None and engine_cfg.dtype == "bfloat16"
+    # the compute precision: fp32, or on the CPU with LoRA and `llm.dtype: bfloat16` the frozen base in bf16 and the
+    # adapters in fp32 (as the joint trainer); full fine-tuning keeps fp32 weights (bf16 rounds small steps away)
+    bf16 = params.lora.enabled and engine_cfg is not None and cpu_bf16(engine_cfg.dtype)
     fp = fingerprint(kind="grpo", params=model_params(params), model=model_identity(model_path), data=data,
-                     tag=run_tag or {}, trainer="shared_prefix", **precision_tag("bfloat16" if bf16 else "float32"))
+                     tag=run_tag or {}, trainer="shared_prefix", **({"dtype": "bfloat16"} if bf16 else {}))
     resume = prepare_resume(ckpt_dir, fp)
     torch.manual_seed(params.seed)
     random.seed(params.seed)

@@ -73,7 +73,7 @@ from ragteam.train.advantages import Scope
 from ragteam.train.checkpoints import TrainingDiverged  # noqa: F401  (callers catch it from here)
 from ragteam.train.checkpoints import (TrainResult, checkpoint_steps, diverged, fingerprint, load_train_state,
                                       model_identity, prepare_resume, save_train_state)
-from ragteam.train.common import LoraParams, lora_config, model_params, precision_tag
+from ragteam.train.common import LoraParams, cpu_bf16, lora_config, model_params, precision_tag
 
 log = logging.getLogger(__name__)
 
@@ -806,6 +806,16 @@ def engine_mismatch(samples: Sequence[Sample]) -> dict[str, float]:
     return {"engine_logp_abs_diff": sum(diffs) / len(diffs), "engine_logp_max_abs_diff": max(diffs)}
 
 
+def compute_dtype(engine_dtype: str, device: str):
+    """The joint trainer's compute precision: the engine's on CUDA (as before), bf16 on the CPU when asked
+    (`cpu_bf16`), else float32 (fp16 has no fast CPU kernels)."""
+    import torch
+
+    if str(device).startswith("cpu"):
+        return torch.bfloat16 if cpu_bf16(engine_dtype, "cpu") else torch.float32
+    return torch.float32 if engine_dtype in ("auto", "float32") else getattr(torch, engine_dtype)
+
+
 def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, ckpt_dir: str | Path,
                     p: PPOParams, engine_cfg: EngineConfig, sampling: dict[str, SamplingConfig] | None = None,
                     *, run_tag: dict[str, Any] | None = None,
@@ -839,7 +849,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                      data=[[r["id"], r["question"], r["golden_answers"]] for r in rows], tag=run_tag or {},
                      gae_scope=system.gae_scope,
                      workflow=system.describe, sampling={k: v.model_dump() for k, v in (sampling or {}).items()},
-                     **precision_tag(engine_cfg.dtype))
+                     **precision_tag(engine_cfg.dtype, "cpu" if engine_cfg.device == "cpu" else None))
     accel = Accelerator(cpu=engine_cfg.device == "cpu")
     if accel.is_main_process:      # stale checkpoints (another fingerprint) are wiped once, then every process resumes
         prepare_resume(ckpt_dir, fp)
@@ -851,10 +861,7 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     if engine_cfg.threads:
         torch.set_num_threads(engine_cfg.threads)
     device = str(accel.device)
-    # the compute precision: the engine's, except fp16 on the CPU (no fast kernels there); bf16 runs on the CPU too
-    # (2x fp32 where the CPU multiplies bf16 in hardware, `cpu_bf16_native`)
-    fp32 = engine_cfg.dtype in ("auto", "float32") or (device == "cpu" and engine_cfg.dtype == "float16")
-    dtype = torch.float32 if fp32 else getattr(torch, engine_cfg.dtype)
+    dtype = compute_dtype(engine_cfg.dtype, device)
     tok = AutoTokenizer.from_pretrained(model_path)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ac = _build_actor_critic(model_path, p, device, dtype, with_critic=system.critic)
@@ -935,8 +942,9 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
         accel.wait_for_everyone()
 
     ac.eval()
-    if not p.lora.enabled:
+    if not p.lora.enabled and not device.startswith("cpu"):
         ac.policy.to(dtype)                 # fp32 master weights: the agent is saved in the engine dtype, as loaded
+                                            # (on the CPU it stays fp32: bf16 would round the last steps away)
     rollouts.close()
     return TrainResult(model=ac.policy, tokenizer=tok, log_history=history, global_step=step,
                        seconds=time.perf_counter() - t_start, resumed_from=start_step if resume else None,
