@@ -17,6 +17,13 @@ train_answer variant writes (later train_answer variants write it again: train_q
 A variant is `<stage>:<name>[:<key>=<value>,...]` (dotted params keys, YAML values); a foreach stage is named as
 DVC names it (`train_joint@mask`, whose warm-up model `models/warmup/mask` must be there too). Writes
 benchmarks/results/<name>.json and .md (`--name`, default train_stages).
+
+A code change is compared the same way: `--code <name>=<git ref>` runs the variants called <name> with the
+`ragteam/` and `stages/` of that commit (`git archive`) and the others with this checkout's, one after the other
+in the same workspace:
+
+    python -m benchmarks.train_stages --workspace /tmp/bench --code before=HEAD~1 \
+        --variant warmup_joint@qagent:before --variant warmup_joint@qagent:after
 """
 from __future__ import annotations
 
@@ -35,7 +42,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
 NEEDS = ("models/llm", "data/prepared", "data/indexes", "data/synthesis")
-REPORTED = ("reward_first", "reward_last", "em_last", "steps", "seconds")
+REPORTED = ("reward_first", "reward_last", "em_last", "steps", "seconds", "loss_first", "loss_last",
+            "format_error_rate_after")
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, object]]:
@@ -76,7 +84,37 @@ def stage_command(stage: str) -> tuple[list[str], str]:
     return ["-m", f"stages.{module}", *([item] if item else [])], f"{module}_{item}" if item else module
 
 
-def run_variant(ws: Path, stage: str, name: str, overrides: dict, base: dict) -> dict:
+def parse_code(items: list[str]) -> dict[str, str]:
+    """`--code name=ref` items -> {variant name: git ref}; a malformed item is an error naming it."""
+    out = {}
+    for item in items:
+        name, sep, ref = item.partition("=")
+        if not sep or not name or not ref:
+            raise SystemExit(f"--code {item!r}: expected <variant name>=<git ref>")
+        out[name] = ref
+    return out
+
+
+def export_code(ref: str, dest: Path) -> Path:
+    """`ragteam/` and `stages/` of git ref `ref` of this checkout, unpacked under `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "ragteam", "stages"], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"--code: git archive {ref!r} failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def install_code(ws: Path, source: Path) -> None:
+    """The workspace's `ragteam/` and `stages/` replaced by `source`'s (the stage runs with cwd = workspace)."""
+    for d in ("ragteam", "stages"):
+        shutil.rmtree(ws / d, ignore_errors=True)
+        shutil.copytree(source / d, ws / d, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def run_variant(ws: Path, stage: str, name: str, overrides: dict, base: dict, code: Path = REPO,
+                ref: str | None = None) -> dict:
+    install_code(ws, code)
     (ws / "params.yaml").write_text(yaml.safe_dump(apply(base, overrides), sort_keys=False))
     args, out_name = stage_command(stage)
     shutil.rmtree(ws / "checkpoints" / out_name, ignore_errors=True)
@@ -91,21 +129,24 @@ def run_variant(ws: Path, stage: str, name: str, overrides: dict, base: dict) ->
         raise SystemExit(f"{stage} ({name}) failed with exit {rc}: see {log}")
     metrics = json.loads((ws / "metrics" / f"{out_name}.json").read_text())
     print(f"{stage} {name}: {wall} s", flush=True)
-    return {"stage": stage, "variant": name, "overrides": overrides, "wall_seconds": wall,
+    return {"stage": stage, "variant": name, "overrides": overrides, "code": ref or "this checkout",
+            "wall_seconds": wall,
             "load_before": before, "load_after": load_avg(),
             "metrics": {k: metrics.get(k) for k in REPORTED if k in metrics},
             "environment": metrics.get("environment", {}).get("name") or metrics.get("environment", {}).get("env")}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| stage | variant | wall s | ratio to the stage's first variant | training s | reward first → last |",
-             "|---|---|---:|---:|---:|---|"]
+    lines = ["| stage | variant | code | wall s | ratio to the stage's first variant | training s | "
+             "reward (SFT: loss) first → last |", "|---|---|---|---:|---:|---:|---|"]
     first: dict[str, float] = {}
     for r in results:
         base = first.setdefault(r["stage"], r["wall_seconds"])
         m = r["metrics"]
-        lines.append(f"| {r['stage']} | {r['variant']} | {r['wall_seconds']} | {base / r['wall_seconds']:.2f}× | "
-                     f"{m.get('seconds', '')} | {m.get('reward_first', '')} → {m.get('reward_last', '')} |")
+        lines.append(f"| {r['stage']} | {r['variant']} | {r.get('code', 'this checkout')} | {r['wall_seconds']} | "
+                     f"{base / r['wall_seconds']:.2f}× | "
+                     f"{m.get('seconds', '')} | {m.get('reward_first', m.get('loss_first', ''))} → "
+                     f"{m.get('reward_last', m.get('loss_last', ''))} |")
     return "\n".join(lines)
 
 
@@ -114,22 +155,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workspace", type=Path, required=True)
     ap.add_argument("--variant", action="append", required=True)
     ap.add_argument("--name", default="train_stages")
+    ap.add_argument("--code", action="append", default=[], metavar="NAME=REF",
+                    help="variants called NAME run the ragteam/ and stages/ of git ref REF")
     args = ap.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
+    code_refs = parse_code(args.code)
+    unknown = sorted(set(code_refs) - {name for _, name, _ in variants})
+    if unknown:
+        raise SystemExit(f"--code names no variant: {', '.join(unknown)}")
     ws = args.workspace.resolve()
     missing = [p for p in NEEDS if not (ws / p).exists()]
     if missing:
         raise SystemExit(f"{ws}: missing {', '.join(missing)} (link them from a workspace after "
                          "`dvc repro synthesize`)")
-    for d in ("ragteam", "stages"):
-        shutil.rmtree(ws / d, ignore_errors=True)
-        shutil.copytree(REPO / d, ws / d, ignore=shutil.ignore_patterns("__pycache__"))
+    sources = {name: export_code(ref, ws / ".bench-code" / name) for name, ref in code_refs.items()}
     text = (REPO / "params.yaml").read_text()
     base = yaml.safe_load(text)
     own = ws / "params.yaml"
     kept = own.read_text() if own.is_file() else None
     try:
-        results = [run_variant(ws, stage, name, ov, base) for stage, name, ov in variants]
+        results = [run_variant(ws, stage, name, ov, base, sources.get(name, REPO), code_refs.get(name))
+                   for stage, name, ov in variants]
     finally:                              # the workspace's own params.yaml back, comments and all
         own.write_text(kept if kept is not None else text)
     out = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "results": results}

@@ -182,3 +182,36 @@ def precision_tag(dtype: str, device: str | None = None) -> dict[str, str]:
     so every other run's fingerprint (hence its model's hash), on the CPU or on CUDA, stays what it was, and a CPU bf16
     run never resumes an fp32 run's checkpoints or vice versa."""
     return {"dtype": "bfloat16"} if cpu_bf16(dtype, device) else {}
+
+
+def trl_lm_head_labelled_only() -> bool:
+    """Make TRL's fused LM head project only the labelled positions on the CPU too; returns whether it now does.
+
+    TRL's trainers (SFT, GRPO, DPO, ...) replace the model's forward with `trl.trainer.utils.add_fused_lm_head`: the
+    hidden states go through the LM head in vocabulary tiles and come back as the label tokens' log-probabilities.
+    On CUDA it projects only the positions whose label is not -100; on any other device it projects every position
+    and zeroes the masked ones after, a choice its comment explains by compilers (Neuron) that recompile for every
+    new tile shape. Nothing is compiled on the CPU, and with the loss on the completion only (a 500-900-token prompt,
+    a 20-60-token output: the joint warm-ups, the judge) nearly all of that work is thrown away: measured on the QAgent
+    warm-up, the head's forward and backward were 45 % of a step (py-spy, 2 cores). The decision is the module-level
+    `_use_triton(device)` that `add_fused_lm_head`'s forward reads at each call; this wraps it to answer True for the
+    CPU as well. The kernel module keeps its own `_use_triton`, so the tiles stay torch code. The labelled positions'
+    log-probabilities, the loss and every gradient are those of the full projection (tests/test_sft_lm_head.py
+    compares them); only the unused rows are no longer computed. Without that hook (another TRL) it changes nothing
+    and returns False, and the tests say so."""
+    try:
+        import trl.trainer.utils as tu
+    except ImportError:
+        return False
+    current = getattr(tu, "_use_triton", None)
+    if current is None or not hasattr(tu, "add_fused_lm_head"):
+        return False
+    if getattr(current, "_ragteam_cpu_labelled_only", False):
+        return True
+
+    def _labelled_only(device) -> bool:
+        return device.type == "cpu" or current(device)
+
+    _labelled_only._ragteam_cpu_labelled_only = True
+    tu._use_triton = _labelled_only
+    return True

@@ -14,7 +14,7 @@ from ragteam.eval.metrics import exact_match
 from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
 from ragteam.train.common import (GRPOParams, GRPOSample, Messages, device_args, lora_config, model_params,
-                                  validate_samples)
+                                  trl_lm_head_labelled_only, validate_samples)
 
 
 def completion_text(completion: str | Messages) -> str:
@@ -104,6 +104,7 @@ def train_grpo(
     from datasets import Dataset
     from trl import GRPOTrainer
 
+    trl_lm_head_labelled_only()   # the loss covers the completions: the LM head projects only their positions
     rows = validate_samples(samples)
     # meta travels as JSON (Arrow wants one schema); rewards that need it decode it (see maps.query_reward_func)
     data = [{"prompt": s.prompt, "golden_answers": s.golden_answers, "id": s.id,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragteam.config import Strict
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
 from ragteam.train.common import (LoraParams, Messages, device_args, lora_config, model_params, precision_tag,
-                                  validate_samples)
+                                  trl_lm_head_labelled_only, validate_samples)
 
 
 class SFTParams(Strict):
@@ -69,6 +69,7 @@ def sft_trainer(rows: list[dict], model_path: str, ckpt_dir: str, params: SFTPar
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    trl_lm_head_labelled_only()   # the loss covers the completion: the LM head projects only its positions
     cfg = SFTConfig(
         output_dir=str(ckpt_dir), max_steps=params.steps, num_train_epochs=params.epochs,
         per_device_train_batch_size=params.batch_size, gradient_accumulation_steps=params.grad_accum,
