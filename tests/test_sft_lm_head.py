@@ -1,9 +1,8 @@
-"""The LM head projects only the positions a loss uses, with the same numbers as projecting them all.
+"""TRL's fused LM head projects only the positions a loss uses on the CPU, with the numbers of projecting them all.
 
-`trl_lm_head_labelled_only` (TRL's fused head: SFT, TRL's GRPO) and the shared-prefix GRPO's prompt pass
-(`logits_to_keep=1`) each skip rows of the vocabulary projection that no loss term reads. Each test runs the full and
-the reduced computation on one random model and compares the loss terms and the gradients, and checks that the rows
-are really skipped (so the speed-up is not a no-op).
+`trl_lm_head_labelled_only` (SFT, TRL's GRPO) skips the rows of the vocabulary projection that no loss term reads.
+The test runs the full and the reduced computation on one random model, compares the loss terms and the gradients,
+and checks that the rows are really skipped (so the speed-up is not a no-op).
 """
 from __future__ import annotations
 
@@ -117,35 +116,3 @@ def test_sft_trainer_turns_the_labelled_only_head_on(tiny_llama, tmp_path, monke
     sft_trainer(rows, str(tiny_llama), str(tmp_path / "ckpt"),
                 SFTParams(steps=1, batch_size=1, lr=1e-3, max_length=64, save_steps=1))
     assert tu._use_triton(torch.device("cpu")) is True
-
-
-def test_shared_prefix_group_logps_equal_a_full_forward_over_prompt_and_completion():
-    from ragteam.train.grpo_prefix import _group_logps
-
-    model = _tiny()
-    g = torch.Generator().manual_seed(2)
-    prompt = torch.randint(1, 300, (11,), generator=g)
-    comp = torch.randint(1, 300, (3, 5), generator=g)                 # a group of G=3 completions
-    logp = _group_logps(model, prompt, comp, temperature=0.7)
-    logp.sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    model.zero_grad()
-    seq = torch.cat([prompt[None].expand(3, -1), comp], 1)
-    logits = model(seq).logits[:, prompt.numel() - 1:-1].float() / 0.7
-    ref = torch.log_softmax(logits, -1).gather(-1, comp[..., None]).squeeze(-1)
-    ref.sum().backward()
-    torch.testing.assert_close(logp, ref, rtol=1e-5, atol=1e-5)
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
-
-
-def test_shared_prefix_prompt_pass_projects_only_its_last_position():
-    from ragteam.train.grpo_prefix import _group_logps
-
-    model = _tiny()
-    shapes: list[tuple] = []
-    model.lm_head.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
-    _group_logps(model, torch.arange(1, 12), torch.arange(1, 11).view(2, 5), temperature=1.0)
-    assert shapes[0] == (1, 1, 300)                                   # the prompt pass: one position, not 11
-    assert shapes[1] == (2, 5, 300)

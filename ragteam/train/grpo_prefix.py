@@ -117,7 +117,7 @@ def _group_logps(model, prompt_ids, comp, temperature: float):
     import torch
 
     G = comp.shape[0]
-    out_p = model(prompt_ids[None], use_cache=True, logits_to_keep=1)   # only the prompt's last position predicts
+    out_p = model(prompt_ids[None], use_cache=True)
     cache = out_p.past_key_values
     cache.batch_repeat_interleave(G)
     out_c = model(comp, past_key_values=cache, use_cache=False)
