@@ -18,6 +18,7 @@ from ragteam.agents.qagent_workflow import QAgentConfig, trajectory_tokens
 from ragteam.llm import SamplingConfig, Team
 from ragteam.train.curves import read_curves
 from ragteam.train.pg import group_token_weights, policy_loss
+import ragteam.train.qagent as Q
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,7 +91,8 @@ def _samples(tok):
 def test_trajectory_samples_carry_the_mask_group_and_reward(tiny):
     _, tok = tiny
     eps, samples = _samples(tok)
-    assert [e.meta["group"] for e in eps] == [0, 0, 1, 1] and [s.group for s in samples] == [0, 0, 1, 1]
+    assert [e.meta["group"] for e in eps] == [0, 0, 1, 1]
+    assert [s.group for s in samples] == [("A", 0), ("A", 0), ("B", 1), ("B", 1)]
     # A answers "Poughkeepsie" after a well-formed search: reward 1; B's first turn had no tags: gated (0)
     assert [s.reward for s in samples] == [1.0, 1.0, 0.0, 0.0]
     kinds = {c.meta.get("injected_kind") for e in eps for c in e.calls} - {None}
@@ -100,6 +102,75 @@ def test_trajectory_samples_carry_the_mask_group_and_reward(tiny):
         assert s.prompt_ids + s.response_ids == t.input_ids and s.mask == t.loss_mask[t.prompt_len:]
         assert 0 in s.mask and sum(s.mask) == t.n_generated
     assert [e.meta["truncated_tokens"] for e in eps] == [0] * 4
+
+
+def test_dynamic_sampling_keeps_the_groups_whose_rewards_vary_and_refills_keep_their_own_groups(tiny):
+    """QAgent's select (joint.qagent.dynamic_sampling): a group whose G rewards are equal has every advantage 0 and
+    is dropped, one with a spread is kept; a degenerate group (every rollout rewarded alike, right or wrong) never
+    trains. A refill rollout's positions start at 0 again, and its samples still form groups of their own."""
+    from ragteam.train.decor_adv import dynamic_sampling
+    from ragteam.train.qagent import rollout_groups, trajectory_return, trajectory_samples
+
+    _, tok = tiny
+    eps, _ = _samples(tok)                        # stage-1 rewards: A 1, 1 (both right), B 0, 0 (both gated)
+    assert [trajectory_return(e) for e in eps] == [{"qagent": 1.0}] * 2 + [{"qagent": 0.0}] * 2
+    assert dynamic_sampling(eps, trajectory_return) == []          # all right or all wrong: no signal
+    Q.agent_calls(eps[1])[-1].reward = 0.0                          # A now 1, 0: a spread
+    assert [e.question_id for e in dynamic_sampling(eps, trajectory_return)] == ["A", "A"]
+    Q.agent_calls(eps[0])[-1].reward = None
+    with pytest.raises(ValueError, match="no reward"):
+        trajectory_return(eps[0])
+    # a refill rollout of B alone: its position is 0, as A's was in the first rollout, its group is not A's
+    team = Team(ScriptedEngine(_agent_reply), {"qagent": SamplingConfig(max_new_tokens=64)})
+    refill = rollout_groups(ROWS[1:], team, KeywordRetriever(PASSAGES), QAgentConfig(max_turns=3), group_size=2)
+    from ragteam.rewards.qagent import qagent_rewards_stage1
+    qagent_rewards_stage1(refill)
+    first, _ = _samples(tok)
+    groups = [s.group for s in trajectory_samples(tok, first[:2] + refill)]
+    assert [e.meta["group"] for e in first[:2] + refill] == [0, 0, 0, 0]
+    assert groups == [("A", 0), ("A", 0), ("B", 0), ("B", 0)]
+
+
+def test_a_step_without_a_spread_refills_to_a_group_with_one(tiny, tmp_path):
+    """The joint loop with QAgent's dynamic sampling on and one question a step: the question whose rollouts are
+    all rewarded alike is dropped and the step rolls out the other, whose rewards vary, and trains on it alone
+    (groups_refilled 1, groups_trained 1, a non-zero gradient). Off, the same draw makes a step whose every
+    advantage is 0 (gradient norm 0), which is what the default run's QAgent stage 1 did at every step."""
+    from dataclasses import replace
+
+    from ragteam.llm import EngineConfig
+    from ragteam.train.ppo import PPOParams, _questions, train_joint_ppo
+
+    path, _ = tiny
+    p = PPOParams(steps=1, questions_per_step=1, minibatch_size=2, micro_batch_size=2, actor_lr=0.05, critic_lr=1e-3,
+                  loss_agg="group_token_mean", vf_coef=0.0, seed=3,
+                  lora={"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1})
+    flat = _questions(ROWS, 0, 1, p.seed)[0]["id"]          # the step's first question gets no spread
+    spread = "B" if flat == "A" else "A"
+
+    def annotate(eps):
+        for e in eps:
+            Q.agent_calls(e)[-1].reward = float(e.meta["rollout"] == 0) if e.question_id == spread else 0.5
+        return eps
+
+    logs = {}
+    for on in (False, True):
+        tp = Q.QAgentTrainParams(group_size=2, stage1_steps=1, max_seq_len=1024,
+                                 dynamic_sampling={"enabled": on, "max_rounds": 2})
+        system = replace(Q.qagent_system(QAgentConfig(max_turns=1), tp, KeywordRetriever(PASSAGES), "stage1"),
+                         annotate=annotate)
+        assert (system.select is not None) is on and system.max_rollout_rounds == (2 if on else 1)
+        res = train_joint_ppo(system, ROWS, str(path), tmp_path / f"ckpt-{on}", p,
+                              EngineConfig(device="cpu", threads=1, batch_size=8),
+                              {"qagent": SamplingConfig(max_new_tokens=8)})
+        logs[on] = res.log_history[0]
+    off, on = logs[False], logs[True]
+    assert off["zero_advantage"] == 1.0 and off["grad_norm/policy"] == 0.0
+    assert off["groups_refilled"] == 0.0 and off["rollout_rounds"] == 1.0 and off["groups"] == 1.0
+    assert on["groups_dropped"] == 1.0 and on["grad_norm/policy"] > 0.0
+    assert on["skipped_update"] == 0.0 and on["rollout_rounds"] == 2.0 and on["groups_refilled"] == 1.0
+    assert on["groups"] == 2.0 and on["groups_kept"] == 1.0 and on["groups_trained"] == 1.0
+    assert on["episodes_trained"] == 2.0 and "policy_loss" in on
 
 
 def test_a_trajectory_cut_at_max_seq_len_never_trains_but_stays_in_its_group(tiny):
@@ -135,7 +206,7 @@ def test_a_trajectory_cut_at_max_seq_len_never_trains_but_stays_in_its_group(tin
     assert eps[0].meta["truncated_tokens"] == sum(full[0].mask) - sum(full[0].mask[:short + 1 - len(
         full[0].prompt_ids)]) > 0 and eps[1].meta["truncated_tokens"] == 0
     assert [truncated(e) for e in eps] == [1.0, 0.0]
-    assert [s.reward for s in cut] == [s.reward for s in full] and [s.group for s in cut] == [0, 0]
+    assert [s.reward for s in cut] == [s.reward for s in full] and [s.group for s in cut] == [("A", 0)] * 2
     # kept in the group statistics: rewards 1 (cut) and 0 -> advantages +1 / -1, as without the cut
     cut[0].reward, cut[1].reward = 1.0, 0.0
     group_advantages(cut)

@@ -32,7 +32,7 @@ Unstated in the paper and chosen here:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ragteam.agents.decor import POLICY_ROLES
 from ragteam.records import Episode
@@ -84,10 +84,15 @@ def keep_group(returns: Sequence[Mapping[str, float]], tol: float = 1e-9) -> boo
     return any(max(vs) - min(vs) > tol for vs in by_role.values())
 
 
-def dynamic_sampling(episodes: Sequence[Episode]) -> list[Episode]:
-    """The episodes of the groups (questions, `Episode.question_id`) that `keep_group` keeps, order preserved."""
-    returns: dict[str, list[dict[str, float]]] = defaultdict(list)
+def dynamic_sampling(episodes: Sequence[Episode],
+                     returns_of: Callable[[Episode], Mapping[str, float]] = role_returns) -> list[Episode]:
+    """The episodes of the groups (questions, `Episode.question_id`) that `keep_group` keeps, order preserved.
+
+    `returns_of`: what the system's estimator normalises within a group, per role: DECOR's R_total^{u,i} (Eq. 6,
+    `role_returns`); QAgent's one trajectory reward (`ragteam.train.qagent.trajectory_return`), the same filter on
+    a one-role system (DAPO's: a prompt whose rewards have std > 0)."""
+    returns: dict[str, list[Mapping[str, float]]] = defaultdict(list)
     for ep in episodes:
-        returns[ep.question_id].append(role_returns(ep))
+        returns[ep.question_id].append(returns_of(ep))
     kept = {g for g, rs in returns.items() if keep_group(rs)}
     return [ep for ep in episodes if ep.question_id in kept]

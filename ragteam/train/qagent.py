@@ -13,6 +13,9 @@ QAgent is a system adapter of `ragteam.train.ppo`, not a loop of its own:
             step log's `truncated` is the share of such trajectories;
 - advantage group-normalised reward over the G rollouts of a question, broadcast to the trajectory's tokens, no
             critic (`JointSystem.advantage="group"`);
+- select    off in the paper's recipe; `joint.qagent.dynamic_sampling` trains only the groups whose rewards vary
+            (every other group's advantages are 0) and refills the step with further questions, DAPO's way, as
+            DECOR's trainer does (`ragteam.train.decor_adv.dynamic_sampling` on `trajectory_return`);
 - loss      the clipped ratio with k3 KL to the reference, normalised by the group's total generated tokens
             (Eq. 3; `loss_agg: group_token_mean`).
 Stage 2 starts from the stage-1 model (saved, LoRA merged, under the work dir) and its reference is that model.
@@ -26,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ragteam.agents.decor_workflow import DynamicSamplingConfig
 from ragteam.agents.qagent_workflow import QAgentConfig, ROLE, agent_calls, run_qagent, trajectory_tokens
 from ragteam.config import Strict
 from ragteam.llm import EngineConfig, SamplingConfig, Team
@@ -53,6 +57,10 @@ class QAgentTrainParams(Strict):
     generator: str | None = None                  # frozen stage-2 generator G (role answer_agent); null = llm.model
     max_seq_len: int = Field(8192, ge=16)         # prompt + trajectory tokens; a trajectory cut there does not
                                                   # train (trajectory_samples), logged as `truncated`
+    # DAPO's dynamic sampling (not in the QAgent paper, hence off by default): a step trains only the groups whose
+    # rewards vary and rolls out further questions, up to max_rounds rollouts a step, until it has
+    # questions_per_step of them
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=lambda: DynamicSamplingConfig(enabled=False))
 
     def steps(self, stage: Stage) -> int:
         return self.stage1_steps if stage == "stage1" else self.stage2_steps
@@ -63,7 +71,9 @@ class QAgentTrainParams(Strict):
 def rollout_groups(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: QAgentConfig,
                    group_size: int) -> list[Episode]:
     """G end-to-end rollouts of every row, all advancing together (one engine call per turn over all of them);
-    `meta["group"]` is the row's position in `rows` (a question drawn twice in a step makes two groups)."""
+    `meta["group"]` is the row's position in `rows` (a question drawn twice in a step makes two groups); the
+    samples' group is (question id, position), so that the groups of a step's refill rollouts
+    (`joint.qagent.dynamic_sampling`), whose positions start at 0 again, stay apart from the first rollout's."""
     reps = [r for r in rows for _ in range(group_size)]
     eps = run_qagent(reps, team, retriever, cfg, plugin=False, system="qagent")
     for i, ep in enumerate(eps):
@@ -104,9 +114,19 @@ def trajectory_samples(tok, episodes: Sequence[Episode], max_seq_len: int | None
                 mask = [0] * len(mask)
         ep.meta["truncated_tokens"] = cut
         out.append(Sample(episode=ei, call=ep.calls.index(calls[-1]), role=ROLE, prompt_ids=ids[:t.prompt_len],
-                          response_ids=ids[t.prompt_len:], reward=float(reward), group=ep.meta["group"],
+                          response_ids=ids[t.prompt_len:], reward=float(reward),
+                          group=(ep.question_id, ep.meta["group"]),
                           mask=mask[t.prompt_len:]))
     return out
+
+
+def trajectory_return(ep: Episode) -> dict[str, float]:
+    """What QAgent's advantage normalises within a group (`JointSystem.advantage="group"`): the reward on the
+    trajectory's last agent call, as `trajectory_samples` reads it, under the one role."""
+    reward = agent_calls(ep)[-1].reward
+    if reward is None:
+        raise ValueError(f"episode {ep.episode_id}: the last {ROLE} call has no reward (annotate first)")
+    return {ROLE: float(reward)}
 
 
 def truncated(ep: Episode) -> float:
@@ -122,6 +142,10 @@ def qagent_system(cfg: QAgentConfig, tp: QAgentTrainParams, retriever: Retriever
     """The JointSystem of one training stage; stage 2 needs `generator`, a Team whose answer_agent is G."""
     if stage == "stage2" and generator is None:
         raise ValueError("qagent stage2: the reward needs the frozen generator (a Team with role answer_agent)")
+
+    from ragteam.train.decor_adv import dynamic_sampling
+
+    ds = tp.dynamic_sampling
 
     def annotate(eps: list[Episode]) -> list[Episode]:
         if stage == "stage1":
@@ -139,8 +163,13 @@ def qagent_system(cfg: QAgentConfig, tp: QAgentTrainParams, retriever: Retriever
                   "reward": ("Eq. 7 (ragteam.rewards.qagent.qagent_rewards_stage1)" if stage == "stage1" else
                              f"Eq. 8-10, hit_weight {tp.hit_weight} (ragteam.rewards.qagent.qagent_rewards_stage2)"),
                   "samples": "trajectory_tokens (information / retry masked; cut at max_seq_len: loss masked, "
-                             "kept in the group statistics)", "advantage": "group"},
+                             "kept in the group statistics)", "advantage": "group",
+                  "dynamic_sampling": ("ragteam.train.decor_adv.dynamic_sampling on trajectory_return (the group's "
+                                       f"rewards vary), refilled up to {ds.max_rounds} rollouts per step")
+                  if ds.enabled else "off"},
         advantage="group",
+        select=(lambda eps: dynamic_sampling(eps, trajectory_return)) if ds.enabled else None,
+        max_rollout_rounds=ds.max_rounds if ds.enabled else 1,
         samples=lambda tok, eps: trajectory_samples(tok, eps, tp.max_seq_len),
         stats={"truncated": truncated},
     )
@@ -202,4 +231,4 @@ def curve_rows_joint(history: Sequence[dict], offset: int, stage: str) -> list[d
 
 
 __all__ = ["QAgentTrainParams", "qagent_system", "rollout_groups", "stage_ppo",
-           "train_qagent", "trajectory_samples", "truncated"]
+           "train_qagent", "trajectory_return", "trajectory_samples", "truncated"]
