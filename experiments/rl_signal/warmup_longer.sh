@@ -21,7 +21,8 @@ out=$here/$system/$tag copy=$ws-$system-$tag
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
 rm -rf "$copy" && mkdir -p "$copy"
-tar -C "$ws" --exclude=./.dvc/cache --exclude=./.dvc/tmp --exclude=./checkpoints -cf - . | tar -C "$copy" -xf -
+tar -C "$ws" --exclude=./.dvc/cache --exclude=./.dvc/tmp --exclude=./checkpoints --exclude=./models/qagent_rl \
+  --exclude=./models/rl_signal -cf - . | tar -C "$copy" -xf -
 cd "$copy"
 py=$copy/.venv/bin/python
 "$py" "$here/params_edit.py" warmup "$system" "$steps" "$every"
