@@ -1,6 +1,8 @@
 """Stage warmup_joint@<system> (issue 25 §2): the format warm-up of a joint system's shared policy, SFT (LoRA, loss
 on each role's output tokens only) on its oracle traces, stopped once the held-out format error rate is below
-`warmup.format_threshold` (the mean over roles, or every role's: `warmup.stop_when`) or at `warmup.sft.steps`
+`warmup.format_threshold` (`warmup.probe: rollout`: the share of held-out questions whose trajectory through the
+system's own workflow has a malformed call; `rows`: the mean over roles of held-out trace rows; `warmup.stop_when:
+every_role`: every role's rate as well) or at `warmup.sft.steps`
 (`ragteam.warmup.sft`); `warmup.systems.<system>` overrides keys for one system. train_joint@<system> starts from it.
 
 Usage: python -m stages.warmup_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Writes models/warmup/<system>
@@ -25,7 +27,7 @@ from ragteam.train.model_card import model_card
 from ragteam.warmup.sft import WarmupParams, train_warmup
 from ragteam.warmup.start import WARMUP_DIR, WARMUP_OFF
 from stages.common import CHECKPOINTS, CURVES, FIGURES, TENSORBOARD, train_seconds
-from stages.oracle_traces import TRACES
+from stages.oracle_traces import CORPUS, POOL, TRACES
 
 
 def curve(history: list[dict]) -> list[dict]:
@@ -34,7 +36,7 @@ def curve(history: list[dict]) -> list[dict]:
     for h in history:
         if "format_error_rate" in h:
             rows.setdefault(int(h["step"]), {"step": int(h["step"])}).update(
-                {k: v for k, v in h.items() if k.startswith("format_error")})
+                {k: v for k, v in h.items() if k.startswith(("format_error", "no_answer"))})
     return [rows[s] for s in sorted(rows)]
 
 
@@ -55,13 +57,25 @@ def run(system_name: str, params: dict) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(f"{path}: missing; run stage oracle_traces@{system_name} first (dvc repro)")
     traces = read_traces(path, system)
+    pool, retriever = None, None
+    if wp.probe == "rollout":     # the held-out questions through the workflow, searching what the rollouts search
+        from ragteam.data.formats import iter_qa
+        from ragteam.retrieval import open_retriever
+
+        for need in (POOL, CORPUS):
+            if not need.exists():
+                raise DataError(f"{need}: missing; run stage prepare_data first (dvc repro)")
+        pool = {r["id"]: r for r in iter_qa(POOL)}
+        retriever = open_retriever(params["joint"]["retriever"], corpus=CORPUS)
     stage = f"warmup_joint_{system_name}"
     print(f"{stage}: SFT on the oracle traces of {len({r['question_id'] for r in traces})} questions "
           f"({len(traces)} rows), at most {wp.rows_per_role} per role, until the held-out format error rate is below "
-          f"{wp.format_threshold} ({'every role' if wp.stop_when == 'every_role' else 'mean over roles'}) or "
+          f"{wp.format_threshold} ("
+          + ("questions with a malformed call through the workflow" if wp.probe == "rollout" else "mean over rows' roles")
+          + (", and every role" if wp.stop_when == "every_role" else "") + ") or "
           f"{wp.sft.steps} steps", flush=True)
     result = train_warmup(system, traces, llm.model, str(CHECKPOINTS / stage), wp, dict(llm.sampling), llm,
-                          run_tag={"system": system_name})
+                          run_tag={"system": system_name}, pool=pool, retriever=retriever)
     rows = curve(result.log_history)
     probes = [r for r in rows if "format_error_rate" in r]
     # the logged step times (probes included) survive in the checkpointed history: a rerun that only reloads the
@@ -70,17 +84,20 @@ def run(system_name: str, params: dict) -> dict[str, Any]:
                                "enabled": True,
                                "stopped_by": result.extra["stopped_by"], "samples": result.extra["samples"],
                                "dropped_too_long": result.extra["dropped_too_long"],
-                               "probe_rows": result.extra["probe_rows"]}
+                               "probe": result.extra["probe"], "probe_rows": result.extra["probe_rows"],
+                               "probe_questions": result.extra["probe_questions"]}
     if probes:
         if probes[0]["step"] == 0:            # warmup.probe_at_start: the start model's own rate
             metrics["format_error_rate_before"] = probes[0]["format_error_rate"]
         metrics["first_probe_step"] = probes[0]["step"]
         metrics["format_error_rate_first_probe"] = probes[0]["format_error_rate"]
         metrics["format_error_rate_after"] = probes[-1]["format_error_rate"]
-        metrics.update({f"{k}_after": v for k, v in probes[-1].items() if k.startswith("format_error/")})
+        metrics.update({f"{k}_after": v for k, v in probes[-1].items()
+                        if k.startswith("format_error/") or k == "no_answer_rate"})
     write_curves(rows, CURVES / stage, png_path=FIGURES / f"{stage}.png", tensorboard_dir=TENSORBOARD / stage,
                  title=f"{system_name}: format warm-up (SFT on oracle traces)",
-                 panels=["loss", ("held-out format error rate", [k for k in probes[-1] if k.startswith("format_error")]
+                 panels=["loss", ("held-out format error rate", [k for k in probes[-1]
+                                                                if k.startswith(("format_error", "no_answer"))]
                                   if probes else [])])
     card = model_card(
         agent=f"{system_name}-warmup", base_model=llm.model, backend="trl/sft (format warm-up)",
@@ -88,9 +105,13 @@ def run(system_name: str, params: dict) -> dict[str, Any]:
         reward="SFT, cross-entropy on each role's output tokens (oracle traces), stopped by the held-out format "
                "error rate",
         metrics={k: v for k, v in metrics.items() if not is_wall_clock(k)},
-        notes=(f"Rows per role: {result.extra['rows_per_role']}. The held-out probe answers "
-               f"{result.extra['probe_rows']} rows of the traces' last {wp.heldout_questions} questions greedily "
-               f"and parses them with each role's own parser. train_joint@{system_name} starts from these weights."))
+        notes=(f"Rows per role: {result.extra['rows_per_role']}. "
+               + (f"The held-out probe answers the traces' last {wp.heldout_questions} questions greedily through "
+                  f"the system's own workflow and counts the questions with a malformed call. "
+                  if wp.probe == "rollout" else
+                  f"The held-out probe answers {result.extra['probe_rows']} rows of the traces' last "
+                  f"{wp.heldout_questions} questions greedily and parses them with each role's own parser. ")
+               + f"train_joint@{system_name} starts from these weights."))
     save_agent(result, out, card)
     metrics["seconds_this_run"] = round(result.seconds, 1)
     return metrics

@@ -184,6 +184,13 @@ def test_every_role_stops_only_when_no_role_is_left_above_the_threshold():
     # exactly at the threshold is not below it, and a probe without per-role rates never ends an every_role run
     assert not every.below_threshold({**clean, f"format_error/{D.FILTER}": 0.2})
     assert not every.below_threshold({"format_error_rate": 0.0})
+    # the rollout probe: every role's call rate below it, but a third of the questions hold a malformed call (one bad
+    # Filter call in each of 4 of 12 questions, among many good ones): every_role does not stop there, nor mean
+    roles_clean_questions_not = {**clean, "format_error_rate": 0.3333, f"format_error/{D.FILTER}": 0.1}
+    r_mean, r_every = _params(probe="rollout"), _params(probe="rollout", stop_when="every_role")
+    assert not r_every.below_threshold(roles_clean_questions_not) and not r_mean.below_threshold(
+        roles_clean_questions_not)
+    assert r_every.below_threshold(clean) and r_mean.below_threshold(filter_bad)
 
 
 def test_the_warmup_under_every_role_trains_on_while_one_role_still_fails(tiny_llama, tmp_path, monkeypatch):
@@ -374,3 +381,105 @@ def test_a_full_checkpoint_loads_only_when_it_fits_the_model(tiny_llama, tmp_pat
         load_checkpoint(fresh, ckpt("extra", {**sd, "extra.weight": torch.zeros(2)}))
     with pytest.raises(ValueError, match="missing.*model.norm.weight"):
         load_checkpoint(fresh, ckpt("short", {k: v for k, v in sd.items() if k != "model.norm.weight"}))
+
+
+# ---- the rollout probe (warmup.probe: rollout): the policy's own trajectories on held-out questions ----------------
+
+def _episode(qid: str, calls: list[tuple[str, str | None]], answer: str | None):
+    from ragteam.records import AgentCall, Episode
+
+    ep = Episode(question_id=qid, question=f"question {qid}", golden_answers=["Paris"], final_answer=answer)
+    for role, error in calls:
+        ep.add_call(AgentCall(role=role, prompt=[], response=f"{role} output", format_error=error))
+    return ep
+
+
+def test_rollout_rates_count_questions_with_a_malformed_policy_call_and_each_roles_calls():
+    from ragteam.eval.metrics import has_answer
+    from ragteam.warmup.sft import rollout_rates
+
+    P, F, A, S = D.PLANNER, D.FILTER, D.ANSWERER, D.SUMMARIZER
+    eps = [_episode("q0", [(P, None), (F, None), (S, None), (A, None)], "Paris"),          # clean, answered
+           _episode("q1", [(P, None), (F, "an empty <filter> tag"), (A, None)], "Paris"),  # one bad Filter call
+           _episode("q2", [(P, None), (F, None), (S, "no summary"), (A, None)], "Lyon"),   # frozen role: not counted
+           _episode("q3", [(P, "no block")], None)]                                         # a stub: no answer
+    probe = type("P", (), {})()
+    rates = rollout_rates(eps, D.POLICY_ROLES, has_answer, probe)
+    # by hand: q1 and q3 have a malformed policy call (2 of 4); the summarizer's error in q2 is the frozen model's
+    assert rates["format_error_rate"] == 0.5
+    assert rates[f"format_error/{P}"] == 0.25          # 1 of 4 Planner calls
+    assert rates[f"format_error/{F}"] == pytest.approx(1 / 3, abs=1e-4)   # 1 of 3 Filter calls
+    assert rates[f"format_error/{A}"] == 0.0 and f"format_error/{S}" not in rates
+    assert rates["no_answer_rate"] == 0.25
+    assert probe.failures == {P: ("no block", f"{P} output"), F: ("an empty <filter> tag", f"{F} output")}
+    # the degenerate answers: empty, whitespace, None are no answer
+    eps = [_episode(f"q{i}", [(A, None)], a) for i, a in enumerate(["", "  ", None, "Paris"])]
+    assert rollout_rates(eps, D.POLICY_ROLES, has_answer)["no_answer_rate"] == 0.75
+    with pytest.raises(ValueError, match="no episode"):
+        rollout_rates([], D.POLICY_ROLES, has_answer)
+
+
+def test_the_rollout_probe_questions_are_the_held_out_traces_pool_rows():
+    from ragteam.warmup.sft import heldout_questions
+
+    traces = decor_rows(4)
+    pool = {f"q{i}": {"id": f"q{i}", "question": f"question q{i}", "golden_answers": ["x"]} for i in range(4)}
+    assert [q["id"] for q in heldout_questions(traces, 2, pool)] == ["q2", "q3"]
+    del pool["q3"]
+    with pytest.raises(ValueError, match="q3 of the traces are not in the training pool"):
+        heldout_questions(traces, 2, pool)
+
+
+def test_the_rollout_probe_runs_the_workflow_with_the_trainers_model_and_frozen_roles_on_the_start_model(tiny_llama):
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from helpers_agents import KeywordRetriever
+    from ragteam.train.common import LoraParams, lora_config
+    from ragteam.warmup.sft import RolloutProbe
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama),
+                           lora_config(LoraParams(enabled=True, rank=4, alpha=8), str(tiny_llama)))
+    model.train()
+    params = {**PARAMS, "decor": {**PARAMS["decor"], "t_max": 1}}
+    questions = [{"id": "q0", "question": "Where is the Louvre?", "golden_answers": ["Paris"]}]
+    retriever = KeywordRetriever([("Louvre", "The Louvre is in Paris.")])
+    probe = RolloutProbe(oracle_system("decor", params), questions, retriever,
+                         {"default": SamplingConfig(max_new_tokens=6, temperature=1.0)}, CPU, str(tiny_llama),
+                         AutoTokenizer.from_pretrained(tiny_llama))
+    assert all(s.temperature == 0 for s in probe.sampling.values())    # greedy, whatever the rollouts sample at
+    eps = probe.episodes(model)
+    assert len(eps) == 1 and eps[0].calls and model.training
+    rates = probe(model)
+    assert rates["format_error_rate"] == 1.0 and rates["no_answer_rate"] == 1.0   # a random model writes no block
+    assert set(rates) >= {"format_error_rate", "no_answer_rate", f"format_error/{D.PLANNER}"}
+    assert probe.roles == sorted(D.POLICY_ROLES)
+
+
+def test_warmup_with_the_rollout_probe_stops_on_its_rates_and_needs_the_pool_and_retriever(tiny_llama, tmp_path,
+                                                                                          monkeypatch):
+    from ragteam.warmup import sft as W
+
+    system = oracle_system("decor", PARAMS)
+    sampling = {"default": SamplingConfig(max_new_tokens=4)}
+    pool = {f"q{i}": {"id": f"q{i}", "question": f"question q{i}", "golden_answers": ["x"]} for i in range(4)}
+    seen = []
+    rates = iter([0.9, 0.1])
+
+    def fake(self, model):
+        seen.append([q["id"] for q in self.questions])
+        return {"format_error_rate": next(rates), "no_answer_rate": 0.0}
+
+    monkeypatch.setattr(W.RolloutProbe, "__call__", fake)
+    p = _params(probe="rollout", probe_at_start=False)
+    with pytest.raises(ValueError, match="needs the training pool and the retriever"):
+        W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "x"), p, sampling, CPU)
+    res = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "a"), p, sampling, CPU,
+                         pool=pool, retriever=object())
+    assert seen == [["q3"], ["q3"]]                  # the held-out question, never a trained one
+    assert res.global_step == 2 and res.extra["stopped_by"] == "threshold"
+    assert res.extra["probe"] == "rollout" and res.extra["probe_questions"] == 1 and res.extra["probe_rows"] == 0
+    # the probe's kind is part of the run's identity: a rows-probe checkpoint is not resumed as a rollout one
+    rows_run = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "b"),
+                              _params(probe_at_start=False), sampling, CPU)
+    assert rows_run.extra["fingerprint"] != res.extra["fingerprint"]

@@ -7,10 +7,18 @@ held-out format error rate.
                    response ended on EOS; loss on the response tokens only (TRL SFTTrainer, `completion_mask`)
 
 Every `probe_every` optimiser steps from step `probe_from` on (and once before the first, with `probe_at_start`;
-always after the last, the cap) `FormatProbe` has the policy
-answer the probe rows' prompts greedily with each role's own sampling settings as its workflow sends them (budget,
-stop strings) through the project's HF engine, and parses each output with the role's own parser: the held-out
-format error rate per role, and their mean. Training stops when the mean falls below `format_threshold`
+always after the last, the cap) the probe measures the held-out
+format error rate, in one of two ways (`probe`):
+- `rows`: `FormatProbe` has the policy answer the probe rows' prompts greedily with each role's own sampling settings
+  as its workflow sends them (budget, stop strings) through the project's HF engine, and parses each output with the
+  role's own parser: the rate per role, and their mean. Every prompt is an oracle trace's, so every earlier turn in
+  it is the oracle's.
+- `rollout`: `RolloutProbe` runs the held-out questions through the system's own workflow, greedily, with the
+  rollouts' retriever, so later turns see the policy's own earlier outputs and what its own queries found: the share
+  of questions with a malformed call (what `evaluate` reports as `format_error_questions`), each role's share of
+  malformed calls, and the share of questions without an answer. QAgent's 16-step warm-up read 0 % on the rows and
+  58 % of its held-out questions had a malformed turn in its own trajectories (docs/joint.md).
+Training stops when the mean (rows) or the question-level rate (rollout) falls below `format_threshold`
 (`stop_when: mean`), or when every role's rate does (`stop_when: every_role`: a role that fails half its rows cannot
 hide behind clean ones, as DECOR's Filter did at 50 % while the mean was 17 %), or at `sft.steps` (the cap); a
 rerun of a warm-up that stopped at the threshold reloads it and trains no further. The
@@ -50,12 +58,15 @@ class WarmupParams(Strict):
     questions: int = Field(96, ge=0)                  # first n pool questions traced (stage oracle_traces); 0 = all
     heldout_questions: int = Field(16, ge=1)          # the traces' last n questions: probe rows, never trained on
     rows_per_role: int = Field(64, ge=1)              # SFT rows per role at most (each role gets its share)
-    probe_rows_per_role: int = Field(4, ge=1)         # held-out rows per role the probe answers
+    probe: Literal["rows", "rollout"] = "rows"        # what the probe answers: held-out trace rows, or the
+                                                      # held-out questions through the system's own workflow
+    probe_rows_per_role: int = Field(4, ge=1)         # held-out rows per role the rows probe answers
     probe_every: int = Field(8, ge=1)                 # optimiser steps between probes
     probe_from: int = Field(0, ge=0)                  # no probe after a step before this one (but at the cap)
     probe_at_start: bool = True                       # probe the start model too (format_error_rate_before)
     format_threshold: float = Field(0.2, ge=0, le=1)  # stop once the probe's format error rate is below it ...
-    stop_when: Literal["mean", "every_role"] = "mean"  # ... the mean over roles, or every role's own rate
+    stop_when: Literal["mean", "every_role"] = "mean"  # ... the mean over roles (rollout: the questions' rate),
+                                                      # or every role's own rate (rollout: and the questions')
     sft: SFTParams                                    # steps = the cap; lora: the warm-up's adapter (merged after)
     systems: dict[str, dict[str, Any]] = Field(default_factory=dict)   # per-system overrides of the keys above
 
@@ -82,11 +93,16 @@ class WarmupParams(Strict):
         return parse_section({"warmup": {"systems": {name: merged}}}, f"warmup.systems.{name}", WarmupParams)
 
     def below_threshold(self, rates: Mapping[str, float]) -> bool:
-        """Whether a probe's rates (`FormatProbe.__call__`) end the warm-up under `stop_when`."""
+        """Whether a probe's rates (`FormatProbe.__call__`, `RolloutProbe.__call__`) end the warm-up under
+        `stop_when`."""
+        below = rates["format_error_rate"] < self.format_threshold
         if self.stop_when == "mean":
-            return rates["format_error_rate"] < self.format_threshold
+            return below
         per_role = [v for k, v in rates.items() if k.startswith("format_error/")]
-        return bool(per_role) and max(per_role) < self.format_threshold
+        # rollout: the question-level rate as well (one question whose Filter fails in all its turns can leave the
+        # Filter's call rate above the threshold while the questions' rate is below it, and the reverse)
+        return (bool(per_role) and max(per_role) < self.format_threshold
+                and (below or self.probe != "rollout"))
 
 
 # ---- rows -----------------------------------------------------------------------------------------------------------
@@ -194,7 +210,92 @@ class FormatProbe:
                 **{f"format_error/{role}": round(v, 4) for role, v in rates.items()}}
 
 
-def probe_callback(probe: FormatProbe, every: int, done: Callable[[Mapping[str, float]], bool],
+class RolloutProbe:
+    """The policy's own greedy trajectories on held-out questions, through the system's own workflow (the one its
+    rollouts and oracle traces run, `OracleSystem.run`), with the retriever the rollouts search.
+
+    The rows probe (`FormatProbe`) prompts each role with an oracle trace's prompt: every earlier turn is the
+    oracle's. A policy's later turns instead see its own earlier outputs and what its own queries retrieved, and
+    that is where QAgent's 16-step warm-up broke: 0 % format errors on the oracle rows, yet a malformed turn on 75 %
+    of the 40 questions of `evaluate` (docs/joint.md). This probe measures what the rollouts and `evaluate` meet.
+
+    `__call__(model)` returns
+    - `format_error_rate`: the share of the held-out questions whose trajectory has a malformed call of a policy
+      role (the question-level rate `evaluate` reports as `format_error_questions`, over the policy's roles: a frozen
+      helper, DECOR's summarizer on the base model, is not what the warm-up trains);
+    - `format_error/<role>`: the share of that role's calls that are malformed (a role that never ran is absent);
+    - `no_answer_rate`: the share of questions whose final answer is empty (`ragteam.eval.metrics.has_answer`).
+    Policy roles generate with the trainer's model (adapter applied), other roles with the start model, loaded once.
+    Greedy: every role's `llm.sampling` at temperature 0, with what the workflow adds to it (QAgent's stop strings).
+    The model is put in eval mode for the probe and back in train mode after."""
+
+    def __init__(self, system: OracleSystem, questions: Sequence[dict], retriever,
+                 sampling: Mapping[str, SamplingConfig], engine_cfg: EngineConfig, model_path: str, tokenizer):
+        if not questions:
+            raise ValueError(f"warm-up rollout probe for {system.name}: no held-out questions")
+        self.system, self.questions, self.retriever = system, list(questions), retriever
+        self.model_path, self.tokenizer = model_path, tokenizer
+        self.roles = sorted(system.roles)
+        self.cfg = engine_cfg.model_copy(update={"prefix_cache_tokens": 0})   # the weights change between probes
+        greedy = {"temperature": 0.0, "n": 1}
+        self.sampling = {k: v.model_copy(update=greedy) for k, v in sampling.items()}
+        self.sampling.setdefault("default", SamplingConfig().model_copy(update=greedy))
+        self._frozen = None           # the start model's engine, for roles the warm-up does not train
+
+    def episodes(self, model) -> list:
+        from ragteam.llm.hf import HFEngine
+
+        was_training = model.training
+        model.eval()
+        try:
+            weights = model.get_base_model() if hasattr(model, "peft_config") else model
+            policy = HFEngine(self.model_path, self.cfg, model=weights, tokenizer=self.tokenizer)
+
+            def engine(role: str):
+                if role in self.system.roles:
+                    return policy
+                if self._frozen is None:
+                    self._frozen = HFEngine(self.model_path, self.cfg)
+                return self._frozen
+
+            return self.system.run(self.questions, Team(engine, self.sampling), self.retriever)
+        finally:
+            model.train(was_training)
+
+    def __call__(self, model) -> dict[str, float]:
+        from ragteam.eval.metrics import has_answer
+
+        return rollout_rates(self.episodes(model), self.system.roles, has_answer, self)
+
+
+def rollout_rates(episodes: Sequence, roles: Sequence[str], has_answer: Callable[[str | None], bool],
+                  probe: Any = None) -> dict[str, float]:
+    """`RolloutProbe.__call__`'s rates of `episodes` (see there); the first malformed output of each role goes to
+    `probe.failures` (role -> (reason, output)) for the log."""
+    if not episodes:
+        raise ValueError("warm-up rollout probe: the workflow returned no episode")
+    calls: dict[str, list[bool]] = defaultdict(list)
+    failures: dict[str, tuple[str, str]] = {}
+    bad_questions = 0
+    for ep in episodes:
+        bad = False
+        for c in ep.calls:
+            if c.role not in roles:
+                continue
+            calls[c.role].append(c.format_error is not None)
+            if c.format_error is not None:
+                bad = True
+                failures.setdefault(c.role, (c.format_error, c.response))
+        bad_questions += bad
+    if probe is not None:
+        probe.failures = failures
+    n = len(episodes)
+    return {"format_error_rate": round(bad_questions / n, 4),
+            **{f"format_error/{role}": round(sum(v) / len(v), 4) for role, v in sorted(calls.items())},
+            "no_answer_rate": round(sum(not has_answer(ep.final_answer) for ep in episodes) / n, 4)}
+
+
+def probe_callback(probe: FormatProbe | RolloutProbe, every: int, done: Callable[[Mapping[str, float]], bool],
                    at_start: bool = True, start: int = 0):
     """A TrainerCallback: probe before the first step (`at_start`), after every `every`-th step from step `start` on,
     and after the last step (the cap); log the rates into the trainer's history; stop training once `done(rates)`
@@ -207,7 +308,8 @@ def probe_callback(probe: FormatProbe, every: int, done: Callable[[Mapping[str, 
             rates = probe(model)
             state.log_history.append({"step": state.global_step, **rates})
             print(f"warm-up: step {state.global_step} held-out format errors {rates['format_error_rate']:.2f} "
-                  + " ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in rates.items() if "/" in k), flush=True)
+                  + " ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in rates.items() if "/" in k)
+                  + (f"; no answer {rates['no_answer_rate']:.2f}" if "no_answer_rate" in rates else ""), flush=True)
             for role, (reason, text) in getattr(probe, "failures", {}).items():   # what to fix, when it does not learn
                 print(f"warm-up:   {role}: {reason}: {text[:300]!r}", flush=True)
             if done(rates):
@@ -259,11 +361,25 @@ def load_checkpoint(model, checkpoint: str | Path) -> None:
 
 # ---- train ----------------------------------------------------------------------------------------------------------
 
+def heldout_questions(traces: Sequence[dict], heldout: int, pool: Mapping[str, dict]) -> list[dict]:
+    """The pool rows ({"id", "question", "golden_answers", ...}) of the traces' held-out questions (`split_heldout`),
+    in the traces' order: the rollout probe's questions."""
+    _, held = split_heldout(traces, heldout)
+    qids = list(dict.fromkeys(r["question_id"] for r in held))
+    missing = [q for q in qids if q not in pool]
+    if missing:
+        raise ValueError(f"warm-up rollout probe: held-out question(s) {', '.join(missing[:3])} of the traces are not "
+                         f"in the training pool (the traces and data/prepared disagree: rerun oracle_traces)")
+    return [pool[q] for q in qids]
+
+
 def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, ckpt_dir: str, p: WarmupParams,
                  sampling: Mapping[str, SamplingConfig], engine_cfg: EngineConfig,
-                 run_tag: dict[str, Any] | None = None) -> TrainResult:
+                 run_tag: dict[str, Any] | None = None, pool: Mapping[str, dict] | None = None,
+                 retriever=None) -> TrainResult:
     """SFT of `model_path` on `system`'s trace rows until the held-out format error rate is below the threshold
-    (or `p.sft.steps`); checkpoints under `ckpt_dir` (resumed). `extra`: rows, dropped, probe roles, why it stopped."""
+    (or `p.sft.steps`); checkpoints under `ckpt_dir` (resumed). `extra`: rows, dropped, probe roles, why it stopped.
+    `p.probe: rollout` needs the training `pool` (id -> row) and the rollouts' `retriever`."""
     from transformers import AutoTokenizer
 
     if p.sft.steps < 1:
@@ -272,10 +388,19 @@ def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, 
     train, held = split_heldout(traces, p.heldout_questions)
     chosen = per_role(train, p.rows_per_role)
     rows, dropped = tokenized_rows(chosen, tok, p.sft.max_length)
-    probe = FormatProbe(system, held, p.probe_rows_per_role, sampling, engine_cfg, model_path, tok)
+    if p.probe == "rollout":
+        if pool is None or retriever is None:
+            raise ValueError("warmup.probe: rollout needs the training pool and the retriever")
+        probe: FormatProbe | RolloutProbe = RolloutProbe(
+            system, heldout_questions(traces, p.heldout_questions, pool), retriever, sampling, engine_cfg,
+            model_path, tok)
+        probed: list = [q["id"] for q in probe.questions]
+    else:
+        probe = FormatProbe(system, held, p.probe_rows_per_role, sampling, engine_cfg, model_path, tok)
+        probed = [[r["question_id"], r["role"]] for r in probe.rows]
     fp = fingerprint(kind="warmup_sft", system=system.name, params=model_params(p.sft),
                      model=model_identity(model_path),
-                     data=rows, probe=[[r["question_id"], r["role"]] for r in probe.rows],
+                     data=rows, probe=probed, **({"probe_kind": p.probe} if p.probe != "rows" else {}),
                      threshold=p.format_threshold, stop_when=p.stop_when, every=p.probe_every,
                      probe_from=p.probe_from, tag=run_tag or {}, **precision_tag(engine_cfg.dtype))
     resume = prepare_resume(ckpt_dir, fp)
@@ -295,7 +420,10 @@ def train_warmup(system: OracleSystem, traces: Sequence[dict], model_path: str, 
                        resumed_from=int(resume.rsplit("-", 1)[1]) if resume else None,
                        extra={"samples": len(rows), "dropped_too_long": dropped, "fingerprint": fp,
                               "rows_per_role": dict(sorted(Counter(r["role"] for r in chosen).items())),
-                              "probe_rows": len(probe.rows), "probe_roles": probe.roles,
+                              "probe": p.probe,
+                              "probe_rows": len(probe.rows) if isinstance(probe, FormatProbe) else 0,
+                              "probe_questions": len(probe.questions) if isinstance(probe, RolloutProbe) else 0,
+                              "probe_roles": probe.roles,
                               "stopped_by": "threshold" if last is not None and p.below_threshold(last)
                               else "step cap"})
 
