@@ -483,3 +483,30 @@ def test_warmup_with_the_rollout_probe_stops_on_its_rates_and_needs_the_pool_and
     rows_run = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path / "b"),
                               _params(probe_at_start=False), sampling, CPU)
     assert rows_run.extra["fingerprint"] != res.extra["fingerprint"]
+
+
+def test_the_rollout_probe_sends_policy_roles_to_the_trainers_model_and_frozen_roles_to_the_start_model(
+        tiny_llama):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragteam.warmup.sft import RolloutProbe
+
+    import dataclasses
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    seen = {}
+
+    def run(rows, team, retriever):
+        seen.update({role: team.engine(role) for role in (D.PLANNER, D.FILTER, D.SUMMARIZER)})
+        return []
+
+    system = dataclasses.replace(oracle_system("decor", PARAMS), run=run)
+    probe = RolloutProbe(system, [{"id": "q0", "question": "q", "golden_answers": ["x"]}], object(),
+                         {"default": SamplingConfig(max_new_tokens=4)}, CPU, str(tiny_llama),
+                         AutoTokenizer.from_pretrained(tiny_llama))
+    probe.episodes(model)
+    assert seen[D.PLANNER] is seen[D.FILTER] and seen[D.PLANNER].model is model     # the trainer's weights
+    assert seen[D.SUMMARIZER] is not seen[D.PLANNER] and seen[D.SUMMARIZER].model is not model
+    frozen = seen[D.SUMMARIZER]
+    probe.episodes(model)
+    assert seen[D.SUMMARIZER] is frozen                                                # loaded once
