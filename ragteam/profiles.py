@@ -14,7 +14,12 @@ PROFILE_DIR = Path("profiles")
 # Table 3 rows of profiles/table3.yaml; and each joint system's overrides of joint.ppo (empty by default, their keys
 # checked against PPOParams by stages.train_joint.load_joint). Everywhere else a key the base lacks is a typo.
 OPEN_MAPPINGS = ("eval.systems", "llm.sampling", "joint.mask.ppo", "joint.jade.ppo", "joint.decor.ppo",
-                 "joint.qagent.ppo")
+                 "joint.qagent.ppo", "warmup.systems.mask", "warmup.systems.jade", "warmup.systems.decor",
+                 "warmup.systems.qagent")
+# Mappings an overlay may also take entries out of, by setting an entry to null: a study that scores a few rows of
+# `evaluate` (profiles/mask_rl_recipe.yaml) leaves the others out instead of paying for them. The entry must exist
+# (a typo stays an error); `dvc exp run` gets `-S '~key'`, Hydra's deletion.
+REMOVABLE = ("eval.systems",)
 
 
 def load_profile(name: str, directory: Path = PROFILE_DIR) -> dict:
@@ -45,15 +50,28 @@ def _has(base: dict, dotted: str) -> bool:
     return True
 
 
+def _removes(dotted: str, value: object) -> bool:
+    """Whether overlay entry `dotted` = `value` takes an entry out of a REMOVABLE mapping (a null entry there)."""
+    return value is None and dotted.rpartition(".")[0] in REMOVABLE
+
+
 def to_set_flags(overlay: dict, base: dict | None = None) -> list[str]:
     """`-S key=value` pairs for `dvc exp run`; values are JSON/YAML literals so lists survive.
 
     A key `base` lacks (a new entry of an OPEN_MAPPINGS mapping) is written `+key=value`: DVC parses `-S` with
-    Hydra's override grammar, where `+` adds a key and a plain override of a missing key is an error.
+    Hydra's override grammar, where `+` adds a key and a plain override of a missing key is an error. A null entry
+    of a REMOVABLE mapping is written `~key`, Hydra's deletion.
     """
     flat = _flatten(overlay)
     add = {k: base is not None and not _has(base, k) for k in flat}
-    return [f"-S '{'+' if add[k] else ''}{k}={json.dumps(v)}'" for k, v in flat.items()]
+    return [f"-S '~{k}'" if _removes(k, v) else f"-S '{'+' if add[k] else ''}{k}={json.dumps(v)}'"
+            for k, v in flat.items()]
+
+
+def _without_removed(merged: dict, prefix: str = "") -> dict:
+    """`merged` less the null entries of REMOVABLE mappings (what `~key` does to params.yaml under DVC)."""
+    return {k: _without_removed(v, f"{prefix}{k}.") if isinstance(v, dict) else v
+            for k, v in merged.items() if not _removes(f"{prefix}{k}", v)}
 
 
 def _row_fields() -> frozenset[str]:
@@ -70,6 +88,9 @@ def check_keys(base: dict, overlay: dict, where: str = "") -> None:
     parent = where.rstrip(".").rpartition(".")[0]
     for k, v in overlay.items():
         if k not in base:
+            if _removes(f"{where}{k}", v):
+                raise ParamsError(f"profile key '{where}{k}' is null, which takes the entry out, but params.yaml "
+                                  f"has no such entry")
             if where.rstrip(".") in OPEN_MAPPINGS or (parent == "eval.systems" and k in _row_fields()):
                 continue
             raise ParamsError(f"profile key '{where}{k}' does not exist in params.yaml")
@@ -90,8 +111,10 @@ def profile_flags(names: list[str], params: Path = Path("params.yaml"), director
 def apply_profile(name: str, params: Path = Path("params.yaml"), directory: Path = PROFILE_DIR) -> list[str]:
     base, overlay = load_params(params), load_profile(name, directory)
     check_keys(base, overlay)
-    merged = deep_merge(base, overlay)
-    changed = [k for k, v in _flatten(merged).items() if _flatten(base).get(k) != v]
+    merged = _without_removed(deep_merge(base, overlay))
+    flat_merged = _flatten(merged)
+    changed = [k for k, v in flat_merged.items() if _flatten(base).get(k) != v]
+    changed += [k for k in _flatten(base) if k not in flat_merged]
     with atomic_file(params) as f:
         f.write(f"# profile {name!r} applied over the default by `ragteam profile apply {name}`\n")
         yaml.safe_dump(merged, f, sort_keys=False)

@@ -164,3 +164,62 @@ def test_a_profile_sets_a_rows_own_field_and_a_typo_in_a_row_is_still_an_error(t
     (tmp_path / "profiles" / "bad.yaml").write_text(yaml.safe_dump({"eval": {"systems": {"mask": {"n_question": 4}}}}))
     with pytest.raises(ParamsError, match=r"eval\.systems\.mask\.n_question' does not exist"):
         profile_flags(["bad"], repo / "params.yaml", tmp_path / "profiles")
+
+
+def test_a_null_row_takes_it_out_through_dvc_deletion_and_a_null_typo_is_an_error(tmp_path):
+    from ragteam.profiles import profile_flags
+
+    (tmp_path / "profiles").mkdir()
+    params = tmp_path / "params.yaml"
+    base = {"eval": {"systems": {"a": {"workflow": "native"}, "b": {"workflow": "maps"}}, "compare": None},
+            "joint": {"systems": ["x", "y"]}}
+    params.write_text(yaml.safe_dump(base))
+    (tmp_path / "profiles" / "only_b.yaml").write_text(yaml.safe_dump(
+        {"eval": {"systems": {"a": None}, "compare": None}, "joint": {"systems": ["y"]}}))
+    flags = profile_flags(["only_b"], params, tmp_path / "profiles")
+    assert "-S '~eval.systems.a'" in flags
+    assert "-S 'eval.compare=null'" in flags          # a null outside a removable mapping is a value, not a removal
+    via_dvc = _dvc_set(params, flags)
+    assert via_dvc["eval"]["systems"] == {"b": {"workflow": "maps"}} and via_dvc["joint"]["systems"] == ["y"]
+    params.write_text(yaml.safe_dump(base))
+    changed = apply_profile("only_b", params, tmp_path / "profiles")
+    assert load_params(params) == via_dvc              # `profile apply` and `dvc exp run -S` agree
+    assert "eval.systems.a.workflow" in changed
+    (tmp_path / "profiles" / "typo.yaml").write_text(yaml.safe_dump({"eval": {"systems": {"c": None}}}))
+    with pytest.raises(ParamsError, match=r"eval\.systems\.c.*no such entry"):
+        profile_flags(["typo"], params, tmp_path / "profiles")
+
+
+RECIPES = {"mask": ({"temperature": 0.7, "questions_per_step": 8, "steps": 8, "actor_lr": 2.0e-3, "kl_coef": 0.1},
+                    (96, 0.0, 48, 48)),
+           "jade": ({"temperature": 0.7, "questions_per_step": 8, "steps": 8}, None)}
+
+
+@pytest.mark.parametrize("system", sorted(RECIPES))
+def test_rl_recipe_profiles_keep_only_their_systems_rows_and_set_the_recipe(tmp_path, system):
+    from pathlib import Path
+
+    from ragteam.config import parse_section
+    from ragteam.eval.evaluate import EvalConfig
+    from ragteam.profiles import profile_flags
+    from ragteam.warmup.sft import WarmupParams
+
+    repo = Path(__file__).resolve().parents[1]
+    params = tmp_path / "params.yaml"
+    params.write_text((repo / "params.yaml").read_text())
+    default = load_params(repo / "params.yaml")
+    merged = _dvc_set(params, profile_flags([f"{system}_rl_recipe"], params, repo / "profiles"))
+    rows = set(parse_section(merged, "eval", EvalConfig).systems)
+    assert rows == {system, f"{system}_warmup", f"{system}_trained"}
+    assert merged["joint"]["systems"] == [system]
+    ppo, warmup = RECIPES[system]
+    assert merged["joint"][system]["ppo"] == ppo
+    got = parse_section(merged, "warmup", WarmupParams).for_system(system)
+    want = parse_section(default, "warmup", WarmupParams).for_system(system)
+    if warmup is None:                                   # the default warm-up
+        assert got == want
+    else:
+        assert (got.sft.steps, got.format_threshold, got.probe_from, got.probe_every) == warmup
+    assert merged["warmup"]["sft"]["seed"] == default["warmup"]["sft"]["seed"]   # seeds: `replicate flags`
+    for row in rows:                                     # the rows kept are the default's, unchanged
+        assert merged["eval"]["systems"][row] == default["eval"]["systems"][row]
