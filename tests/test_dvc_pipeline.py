@@ -73,3 +73,19 @@ def test_persist_is_set_only_on_outputs_a_stage_resumes_from():
                 if (opts or {}).get("persist"):
                     persistent.append((name, path))
     assert persistent == [("index_dense", "data/indexes/dense_shards")]
+
+
+def test_every_output_the_lock_names_reaches_a_fresh_clone():
+    """A fresh clone gets an output either from git (uncached outs: the records, reports, curves) or from the remote
+    (`dvc pull`: cached outs). An uncached out that git ignores reaches neither, so the pulled clone's `dvc status`
+    lists it as deleted and `dvc repro` recomputes its stage (index_dense's embedding shards were such an out)."""
+    from dvc.repo import Repo
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    with Repo(str(REPO)) as repo:
+        uncached = [(stage.addressing, out.def_path) for stage in repo.index.stages for out in stage.outs
+                    if not out.use_cache]
+    assert len(uncached) > 20  # the records, reports and curves of every stage
+    lost = [(stage, path) for stage, path in uncached
+            if path not in tracked and not any(t.startswith(path.rstrip("/") + "/") for t in tracked)]
+    assert lost == [], f"uncached outputs git does not track (cache them, or commit them): {lost}"
