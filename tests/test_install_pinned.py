@@ -1,5 +1,6 @@
 """scripts/install_pinned.sh: uv installs the pinned files of both environments (with pip's find-links, so the CPU
-torch wheel of this machine's pip configuration is found), and pip installs the same pins when uv cannot."""
+torch wheel of this machine's pip configuration is found), pip installs the same pins when uv cannot, and the CPU
+torch's source is chosen by the script: a find-links directory that holds the pinned wheel, else PyTorch's CPU index."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fake_venv(tmp: Path, uv_rc: int) -> Path:
+def fake_venv(tmp: Path, uv_rc: int, links: str = "/opt/wheels /srv/more wheels") -> Path:
     """A venv whose python and uv log their arguments: python answers `pip config list` as this machine's pip does
     and installs uv (the pinned wheel) into bin/; uv exits with `uv_rc`."""
     venv = tmp / "venv"
@@ -20,7 +21,7 @@ def fake_venv(tmp: Path, uv_rc: int) -> Path:
     (venv / "bin/python").write_text(f"""#!/usr/bin/env bash
 echo "python $*" >> {log}
 if [[ "$*" == "-m pip config list" ]]; then
-  echo "global.find-links='/opt/wheels /srv/more wheels'"; echo ":env:.find-links='/opt/wheels'"; exit 0
+  echo "global.find-links='{links}'"; echo ":env:.find-links='{links.split()[0]}'"; exit 0
 fi
 if [[ "$*" == *"--require-hashes -r /"* ]]; then   # the uv pin, from its temporary requirements file
   cat "${{@: -1}}" >> {log}
@@ -32,23 +33,32 @@ exit 0
     return venv
 
 
-def install(tmp: Path, uv_rc: int, **env) -> tuple[subprocess.CompletedProcess, list[str]]:
-    venv = fake_venv(tmp, uv_rc)
+def install(tmp: Path, uv_rc: int, pins: str = "requirements.lock", links: str | None = None,
+            **env) -> tuple[subprocess.CompletedProcess, list[str]]:
+    if links is None:   # find-links directories that exist and hold no torch wheel (the test's own, not the machine's)
+        links = " ".join(str(tmp / d) for d in ("opt-wheels", "srv-more", "wheels"))
+        for d in links.split():
+            Path(d).mkdir(parents=True, exist_ok=True)
+    venv = fake_venv(tmp, uv_rc, links)
     done = subprocess.run(["bash", "-c", f"source {ROOT}/scripts/install_pinned.sh && "
-                           f"install_pinned {venv} --require-hashes -r requirements.lock"],
+                           f"install_pinned {venv} --require-hashes -r {pins}"],
                           capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **env})
     return done, (tmp / "calls.log").read_text().splitlines()
 
 
 def test_uv_installs_the_pins_with_the_hashes_and_pips_find_links(tmp_path):
-    done, calls = install(tmp_path, uv_rc=0, PIP_EXTRA_INDEX_URL="https://download.pytorch.org/whl/cpu")
+    (tmp_path / "srv-more").mkdir()
+    (tmp_path / "srv-more/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    done, calls = install(tmp_path, uv_rc=0, PIP_EXTRA_INDEX_URL="https://mirror.example/simple")
     assert done.returncode == 0, done.stderr
     assert any(c.startswith("uv==0.13.9 --hash=sha256:") for c in calls)        # uv itself is pinned and hashed
     # .pyc at install as pip writes them: with PYTHONDONTWRITEBYTECODE set nothing else would
     [uv] = [c for c in calls if c.startswith("uv ")]
-    assert uv == (f"uv pip install -q --compile-bytecode --python {tmp_path}/venv/bin/python --no-deps --find-links /opt/wheels "
-                  "--find-links /srv/more --find-links wheels "
-                  "--extra-index-url https://download.pytorch.org/whl/cpu --require-hashes -r requirements.lock")
+    assert uv == (f"uv pip install -q --compile-bytecode --python {tmp_path}/venv/bin/python --no-deps "
+                  f"--find-links {tmp_path}/opt-wheels --find-links {tmp_path}/srv-more --find-links {tmp_path}/wheels "
+                  "--extra-index-url https://mirror.example/simple --require-hashes -r requirements.lock")
+    # the find-links directory that holds the pinned CPU wheel is the torch source: no index is added
+    assert f"setup: torch 2.13.0+cpu from {tmp_path}/srv-more" in done.stdout
     assert not [c for c in calls if c.startswith("python -m pip install -q --no-deps --require-hashes -r requirements")]
 
 
@@ -56,6 +66,30 @@ def test_uv_installs_the_pins_with_the_hashes_and_pips_find_links(tmp_path):
 def test_pip_installs_the_same_pins_when_uv_fails_or_is_not_wanted(tmp_path, installer):
     done, calls = install(tmp_path, uv_rc=1 if installer == "uv" else 0, RAGTEAM_INSTALLER=installer)
     assert done.returncode == 0, done.stderr
-    assert calls[-1] == "python -m pip install -q --no-deps --require-hashes -r requirements.lock"
+    assert calls[-1] == ("python -m pip install -q --no-deps --extra-index-url https://download.pytorch.org/whl/cpu "
+                         "--require-hashes -r requirements.lock")
     assert ("uv could not install --require-hashes -r requirements.lock" in done.stderr) == (installer == "uv")
     assert any(c.startswith("uv ") for c in calls) == (installer == "uv")
+
+
+@pytest.mark.parametrize("pins", ["requirements.lock", "requirements-worker.txt"])
+def test_without_the_wheel_at_hand_the_cpu_torch_comes_from_pytorchs_cpu_index(tmp_path, pins):
+    """No find-links directory holds torch 2.13.0+cpu (PyPI has only its CUDA build): the script adds PyTorch's CPU
+    index itself, for uv and for pip alike, and says so; RAGTEAM_TORCH_INDEX names another (a mirror)."""
+    done, calls = install(tmp_path, uv_rc=0, pins=pins)
+    assert done.returncode == 0, done.stderr
+    assert "setup: torch 2.13.0+cpu from https://download.pytorch.org/whl/cpu" in done.stdout
+    [uv] = [c for c in calls if c.startswith("uv ")]
+    assert f"--extra-index-url https://download.pytorch.org/whl/cpu --require-hashes -r {pins}" in uv
+    done, calls = install(tmp_path / "mirror", uv_rc=1, pins=pins, RAGTEAM_TORCH_INDEX="https://mirror.example/cpu")
+    assert "setup: torch 2.13.0+cpu from https://mirror.example/cpu" in done.stdout
+    assert calls[-1] == f"python -m pip install -q --no-deps --extra-index-url https://mirror.example/cpu --require-hashes -r {pins}"
+
+
+def test_a_file_without_a_cpu_torch_adds_no_index(tmp_path):
+    pins = tmp_path / "pins.txt"
+    pins.write_text("numpy==2.4.6 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    done, calls = install(tmp_path, uv_rc=0, pins=str(pins))
+    assert done.returncode == 0, done.stderr
+    assert "setup: torch" not in done.stdout
+    assert not [c for c in calls if "--extra-index-url" in c]
