@@ -58,6 +58,12 @@ def test_readme_is_a_front_door_that_links_every_docs_page():
     assert len(text.split()) <= README_MAX_WORDS
     head = text.split("## ", 1)[0]
     assert "make repro" in head and "make test" in head              # the two commands come first
+    assert "**How long.**" in head and " min " in head                # and how long they take
+    sections = re.findall(r"(?m)^## (.+)$", text)
+    assert sections[0] == "Contents"                                  # then the table of contents
+    contents = text.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    listed = {t.split("#", 1)[1] for t in re.findall(r"\]\((#[^)]+)\)", contents)}
+    assert listed == {slug(h) for h in sections[1:]}, "the Contents table lists every section of the README"
     linked = {Path(t.split("#")[0]).name for t in links(ROOT / "README.md") if t.startswith("docs/")}
     assert {p.name for p in (ROOT / "docs").glob("*.md")} <= linked
 
