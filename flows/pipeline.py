@@ -8,6 +8,11 @@ fails naming the stage. Each stage records a Prefect markdown artifact `stage-<n
 from dvc.lock, locked params, metrics) for people to read; the flow returns the records, and Prefect persists that
 return value (JSON) under `params.yaml: prefect.result_storage`.
 
+How many stages run at once: a flow run submits at most `prefect.max_parallel_stages` (null: the cores one LLM
+stage leaves room for), and every stage that runs on a host holds a slot of that host's Prefect global
+concurrency limit (`prefect.concurrency_limit`, `<name>-<host>`), created with that many slots, so two flow runs,
+or a flow and a deployment, on one Prefect server never together run more stages on a machine than it has slots.
+
 Remote mode (`remote=True`, used on GPU workers): before the stage runs, `dvc pull` the deps that upstream stages
 produced; after it, `dvc push` its outs. With `prefect.gpu_mode: deployment` the orchestrating flow sends GPU
 stages to the `gpu` deployment instead of running them: it pushes their deps, ships the small git-tracked files
@@ -32,6 +37,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -66,6 +72,7 @@ FLOW_NAME = "ragteam-pipeline"
 DEFAULT_RESULT_STORAGE = ".prefect/results"  # git-ignored (/.prefect/)
 RESULT_STORAGE_ENV = "RAGTEAM_RESULT_STORAGE"  # set by an orchestrator for the runs it starts on a work pool
 DEPLOYMENT_POLL_S = 2.0  # how often the orchestrator asks the server whether a deployment run has finished
+DEFAULT_CONCURRENCY_LIMIT = "ragteam-stages"  # prefect.concurrency_limit
 
 
 class PrefectParams(Strict):
@@ -75,6 +82,10 @@ class PrefectParams(Strict):
     gpu_mode: Literal["local", "deployment"]
     gpu_deployment: str = Field(pattern=r"^[^/]+/[^/]+$")  # "<flow name>/<deployment name>"
     max_parallel_stages: int | None = Field(default=None, ge=1)  # None: auto (`parallel_stages`)
+    # the Prefect global concurrency limits (one per host: `host_limit`) that every stage run on a host takes a slot
+    # of (`stage_slot`), so flow runs and deployments on one Prefect server share a machine's room; None: each flow
+    # run's own cap only
+    concurrency_limit: str | None = Field(default=DEFAULT_CONCURRENCY_LIMIT, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     # where Prefect persists flow results: a directory (relative to the project root, or absolute), which GPU
     # workers on other hosts must mount at the same path, or an s3://<bucket>[/<prefix>] URL both sides can reach
     result_storage: str = DEFAULT_RESULT_STORAGE
@@ -142,6 +153,50 @@ def parallel_stages(cfg: PrefectParams, params: dict, cpus: int | None = None) -
     cpus = cpus or os.cpu_count() or 1
     threads = (params.get("llm") or {}).get("threads") or 1
     return max(1, cpus // max(1, int(threads)))
+
+
+def host_limit(prefix: str | None, host: str | None = None) -> str | None:
+    """The name of this host's concurrency limit: `<prefix>-<host name>` (a GPU worker's stages count against its
+    own machine, not the orchestrator's). None: no limit."""
+    if prefix is None:
+        return None
+    host = re.sub(r"[^A-Za-z0-9_.-]+", "-", host or socket.gethostname()).strip("-") or "host"
+    return f"{prefix}-{host}"
+
+
+def ensure_concurrency_limit(name: str, cap: int, explicit: bool) -> int:
+    """Make the Prefect global concurrency limit `name` exist and be active, and return its slots. A new limit gets
+    `cap` slots. An existing one keeps the slots it has (an operator may have set them, `prefect gcl update`) unless
+    the run asks for a cap of its own (`explicit`: `prefect.max_parallel_stages` is set), which then replaces them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            limit = client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=cap, active=True))
+            return cap
+        if (explicit and limit.limit != cap) or not limit.active:
+            slots = cap if explicit else limit.limit
+            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=slots, active=True))
+            return slots
+        return limit.limit
+
+
+@contextmanager
+def stage_slot(name: str | None, stage: str, log=None):
+    """Hold one slot of the global concurrency limit `name` while `stage` runs here (None: no limit). A stage waits,
+    and says so, while other flow runs or deployments on the same Prefect server hold every slot."""
+    if name is None:
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+
+    (log.info if log else print)(f"stage '{stage}' takes a slot of Prefect's concurrency limit '{name}'")
+    with concurrency(name, occupy=1, strict=True):
+        yield
 
 
 class StageFailed(RuntimeError):
@@ -632,10 +687,13 @@ def render_record(record: dict) -> str:
 
 @task(cache_policy=NO_CACHE, task_run_name="{name}")
 def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, mode: str, deployment: str,
-              commit: str | None = None, ray_address: str | None = None, ray_cpus: float = 1) -> dict:
+              commit: str | None = None, ray_address: str | None = None, ray_cpus: float = 1,
+              limit: str | None = None) -> dict:
     """One stage. mode: local (`dvc repro --single-item`), remote (pull deps / repro / push outs), deployment
     (send it, with the orchestrator's `commit`, to the GPU deployment and adopt the result) or ray (the local
-    command as a Ray job at `ray_address`, reserving `ray_cpus`; the record names the job: `ray_job`)."""
+    command as a Ray job at `ray_address`, reserving `ray_cpus`; the record names the job: `ray_job`). local and
+    remote run on this host, holding a slot of the Prefect concurrency limit `limit` (`stage_slot`); a deployment's
+    stage takes its slot on the worker, and Ray schedules its jobs on the cluster's CPUs."""
     log = get_run_logger()
     r = Path(root)
     t0 = time.monotonic()
@@ -647,9 +705,11 @@ def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, m
     elif mode == "deployment":
         record = dispatch_to_deployment(r, stages, name, force, deployment, commit, log)
     elif mode == "remote":
-        record = run_stage_remote(r, stages, name, force, log)
+        with stage_slot(limit, name, log):
+            record = run_stage_remote(r, stages, name, force, log)
     else:
-        repro(r, name, force, log)
+        with stage_slot(limit, name, log):
+            repro(r, name, force, log)
         record = lin.stage_record(r, name, stages)
     record["seconds"] = round(time.monotonic() - t0, 2)
     create_markdown_artifact(key=artifact_key(name), markdown=render_record(record),
@@ -759,6 +819,10 @@ def pipeline(
     else:
         cap = parallel_stages(cfg, params)
         print(f"running at most {cap} stage(s) at once (prefect.max_parallel_stages)")
+    limit = host_limit(cfg.concurrency_limit) if any(modes[n] in ("local", "remote") for n in selected) else None
+    if limit:  # shared with every flow run and deployment on this Prefect server
+        slots = ensure_concurrency_limit(limit, cap, explicit=cfg.max_parallel_stages is not None)
+        print(f"stages run here hold a slot of Prefect's global concurrency limit '{limit}' ({slots} slot(s))")
 
     pending, running, futures = list(selected), {}, {}
     done: dict[str, dict] = {}
@@ -771,7 +835,7 @@ def pipeline(
                 pending.remove(n)
             elif all(u in done for u in ups[n]) and len(running) < cap:
                 futures[n] = running[n] = task_.submit(
-                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, commit, address, ray_cpus,
+                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, commit, address, ray_cpus, limit,
                     wait_for=[futures[u] for u in ups[n]]
                 )
                 pending.remove(n)

@@ -7,6 +7,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -108,8 +110,9 @@ stages:
 
 
 def prefect_section(**over) -> dict:
+    # each repo its own concurrency limit: the session's one Prefect server keeps a limit's slots between tests
     cfg = {"retries": 1, "retry_delay_s": 0, "gpu_stages": [], "gpu_mode": "local",
-           "gpu_deployment": "ragteam-pipeline/gpu"}
+           "gpu_deployment": "ragteam-pipeline/gpu", "concurrency_limit": f"toy-stages-{uuid.uuid4().hex[:8]}"}
     return {**cfg, **over}
 
 
@@ -264,6 +267,46 @@ def test_a_local_flow_runs_no_more_stages_at_once_than_max_parallel_stages(flows
     first, second = sorted((json.loads((repo / f"log/{n}.json").read_text()) for n in ("left", "right")),
                            key=lambda r: r["start"])
     assert first["end"] <= second["start"], (first, second)            # one after the other, never together
+
+
+def test_a_stage_waits_while_other_runs_hold_every_slot_of_the_hosts_concurrency_limit(flows_mod, tmp_path):
+    """The cap is Prefect's global concurrency limit of the host, not only this flow run's loop: a slot held
+    elsewhere on the same server (another flow run, a deployment) holds the stage back until it is released."""
+    import threading
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+    from prefect.concurrency.sync import concurrency
+
+    prefix = f"toy-stages-{uuid.uuid4().hex[:8]}"
+    repo = make_repo(tmp_path / "toy", BRANCHES_DVC, {"step.py": STEP_PY},
+                     {"prefect": prefect_section(max_parallel_stages=1, concurrency_limit=prefix)})
+    name = flows_mod.host_limit(prefix)
+    assert name.startswith(prefix + "-") and flows_mod.host_limit(None) is None
+    assert flows_mod.host_limit(prefix, "gpu/box 1") == f"{prefix}-gpu-box-1"
+    assert flows_mod.ensure_concurrency_limit(name, 1, explicit=True) == 1     # created with the cap's slots
+    states = []
+    with concurrency(name, occupy=1, strict=True):                           # another run holds the only slot
+        run = threading.Thread(target=lambda: states.append(
+            flows_mod.pipeline(root=str(repo), targets=["left"], return_state=True)))
+        run.start()
+        time.sleep(6)
+        assert not (repo / "log/left.attempts").exists()                     # waiting: the stage has not started
+        released = time.time()
+    run.join(timeout=120)
+    assert not run.is_alive() and states[0].is_completed(), states
+    assert json.loads((repo / "log/left.json").read_text())["start"] >= released
+    # an existing limit keeps an operator's slots unless the run sets its own cap
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=2))
+    assert flows_mod.ensure_concurrency_limit(name, 1, explicit=False) == 2
+    assert flows_mod.ensure_concurrency_limit(name, 3, explicit=True) == 3
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
+        assert (limit.limit, limit.active) == (3, True)
+        client.delete_global_concurrency_limit_by_name(name)
+    with pytest.raises(Exception, match="concurrency_limit"):
+        flows_mod.PrefectParams(**prefect_section(concurrency_limit="a/b"))
 
 
 def test_parallel_stages_is_the_param_or_the_cores_one_llm_stage_leaves_room_for(flows_mod):
