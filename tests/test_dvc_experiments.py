@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
+import pytest
+from test_flow import dvc, make_repo
 
 READ_PY = """\
 import json, pathlib, yaml
@@ -36,34 +36,18 @@ stages:
 """
 
 
-def sh(args: list[str], cwd: Path, timeout: float = 300) -> str:
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    r = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
-    assert r.returncode == 0, f"{args} failed:\n{r.stdout}\n{r.stderr}"
-    return r.stdout
-
-
-def dvc(cwd: Path, *args: str, timeout: float = 300) -> str:
-    return sh([sys.executable, "-m", "dvc", *args], cwd, timeout)
+@pytest.fixture(autouse=True)
+def this_python_first(monkeypatch):
+    """The stage's `python` is this environment's (the one with ragteam), as under `make test`."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 
 
 def project(tmp_path: Path) -> Path:
     """A committed git+dvc checkout whose stage reads `mirror:../mirror`: the directory beside the checkout."""
     (tmp_path / "mirror").mkdir()
     (tmp_path / "mirror/rows.txt").write_text("a b c\n")
-    root = tmp_path / "project"
-    root.mkdir()
-    sh(["git", "init", "-q", "-b", "main"], root)
-    sh(["git", "config", "user.email", "t@example.com"], root)
-    sh(["git", "config", "user.name", "t"], root)
-    dvc(root, "init", "-q")
-    (root / ".dvc/config").write_text("[core]\n    analytics = false\n    check_update = false\n")
-    (root / "dvc.yaml").write_text(DVC_YAML)
-    (root / "read.py").write_text(READ_PY)
-    (root / "params.yaml").write_text(yaml.safe_dump({"toy": {"source": "mirror:../mirror", "scale": 1}}))
-    sh(["git", "add", "-A"], root)
-    sh(["git", "commit", "-q", "-m", "toy"], root)
-    return root
+    return make_repo(tmp_path / "project", DVC_YAML, {"read.py": READ_PY},
+                     {"toy": {"source": "mirror:../mirror", "scale": 1}})
 
 
 def exp_metrics(root: Path) -> dict[str, dict]:

