@@ -1,4 +1,4 @@
-"""A team's shared DVC remote on S3 (dvc-s3) round-trips outputs between clones, against moto's standalone server: a
+"""A team's shared DVC remote on S3 (dvc-s3) round-trips data and stage outputs between clones, against moto's server: a
 local S3-compatible endpoint, fake credentials, no network. The remote is configured with README's three lines."""
 from __future__ import annotations
 
@@ -57,6 +57,26 @@ def s3_endpoint(tmp_path):
         log.close()
 
 
+STAGE_YAML = """\
+stages:
+  make:
+    cmd: >-
+      {python} -c "import pathlib, json;
+      [pathlib.Path(d).mkdir(parents=True, exist_ok=True) for d in ('out/index', 'out/shards', 'metrics')];
+      pathlib.Path('out/index/i.txt').write_text(str(len(open('data/x.txt').read()) + 1) + chr(10));
+      pathlib.Path('out/shards/0.txt').write_text('s' + chr(10));
+      json.dump(dict(rows=1), open('metrics/make.json', 'w'));
+      open('{log}', 'a').write('make' + chr(10))"
+    deps: [data]
+    outs:
+      - out/index
+      - out/shards:
+          persist: true
+      - metrics/make.json:
+          cache: false
+"""
+
+
 def run(args, cwd: Path, env: dict[str, str]) -> str:
     done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, f"{args}: {done.stdout}\n{done.stderr}"
@@ -85,6 +105,10 @@ def test_push_to_s3_from_one_clone_and_pull_into_a_fresh_one(tmp_path, s3_endpoi
     (a / "data/x.txt").write_text("x\n")
     (a / "data/y.jsonl").write_text('{"q": "y"}\n')
     run([DVC, "add", "data"], a, base)
+    # a stage's outputs too, as the pipeline's are: a cached directory, a persistent one (index_dense's shards) and
+    # an uncached record that git holds; each run appends to a log outside the checkouts
+    (a / "dvc.yaml").write_text(STAGE_YAML.format(python=sys.executable, log=tmp_path / "runs.log"))
+    run([DVC, "repro"], a, base)
     run([DVC, "push"], a, base)
     run(["git", "add", "-A"], a, base)
     run(["git", "commit", "-q", "-m", "data"], a, base)
@@ -92,7 +116,8 @@ def test_push_to_s3_from_one_clone_and_pull_into_a_fresh_one(tmp_path, s3_endpoi
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id=KEY,
                       aws_secret_access_key=SECRET)
     stored = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
-    assert len(stored) == 3 and all(k.startswith("ragteam/files/md5/") for k in stored)   # 2 files + the dir
+    # data: 2 files + the dir; the stage: out/index (1 file + the dir), out/shards (1 file + the dir)
+    assert len(stored) == 7 and all(k.startswith("ragteam/files/md5/") for k in stored)
 
     b = tmp_path / "b"
     run(["git", "clone", "-q", str(a), str(b)], tmp_path, base)
@@ -100,5 +125,8 @@ def test_push_to_s3_from_one_clone_and_pull_into_a_fresh_one(tmp_path, s3_endpoi
     run([DVC, "pull"], b, env_b)                                 # the remote comes with the clone's .dvc/config
     assert (b / "data/x.txt").read_text() == "x\n"
     assert (b / "data/y.jsonl").read_text() == '{"q": "y"}\n'
+    assert (b / "out/index/i.txt").read_text() == "3\n" and (b / "out/shards/0.txt").read_text() == "s\n"
     assert "up to date" in run([DVC, "status"], b, env_b).lower()
     assert "in sync" in run([DVC, "status", "--cloud"], b, env_b).lower()
+    run([DVC, "repro"], b, env_b)                                # nothing to recompute in the pulled clone
+    assert (tmp_path / "runs.log").read_text() == "make\n"
