@@ -9,9 +9,10 @@ from dvc.lock, locked params, metrics) for people to read; the flow returns the 
 return value (JSON) under `params.yaml: prefect.result_storage`.
 
 How many stages run at once: a flow run submits at most `prefect.max_parallel_stages` (null: the cores one LLM
-stage leaves room for), and every stage that runs on a host holds a slot of that host's Prefect global
-concurrency limit (`prefect.concurrency_limit`, `<name>-<host>`), created with that many slots, so two flow runs,
-or a flow and a deployment, on one Prefect server never together run more stages on a machine than it has slots.
+stage leaves room for). On a Prefect server (`PREFECT_API_URL`), every stage that runs on a host also holds a slot
+of that host's global concurrency limit (`prefect.concurrency_limit`, `<name>-<host>`), created with that many
+slots, so two flow runs, or a flow and a deployment, on one server never together run more stages on a machine than
+it has slots.
 
 Remote mode (`remote=True`, used on GPU workers): before the stage runs, `dvc pull` the deps that upstream stages
 produced; after it, `dvc push` its outs. With `prefect.gpu_mode: deployment` the orchestrating flow sends GPU
@@ -43,7 +44,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -164,38 +165,65 @@ def host_limit(prefix: str | None, host: str | None = None) -> str | None:
     return f"{prefix}-{host}"
 
 
-def ensure_concurrency_limit(name: str, cap: int, explicit: bool) -> int:
-    """Make the Prefect global concurrency limit `name` exist and be active, and return its slots. A new limit gets
-    `cap` slots. An existing one keeps the slots it has (an operator may have set them, `prefect gcl update`) unless
-    the run asks for a cap of its own (`explicit`: `prefect.max_parallel_stages` is set), which then replaces them."""
+def server_url() -> str | None:
+    """The Prefect server this process talks to (`PREFECT_API_URL`), or None for the ephemeral API a plain
+    `ragteam flow run` starts for itself."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url or None
+
+
+def ensure_concurrency_limit(name: str, cap: int, explicit: bool) -> tuple[int, bool]:
+    """Make the Prefect global concurrency limit `name` exist; return its slots and whether it is active. A new
+    limit gets `cap` slots. An existing one keeps what an operator made of it (`prefect gcl update --limit N`,
+    `prefect gcl disable`) unless the run asks for a cap of its own (`explicit`: `prefect.max_parallel_stages` is
+    set), which then replaces its slots and enables it. Two flow runs starting at once may both find it missing: the
+    second one's create is refused, and it reads the first one's limit."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
             limit = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=cap, active=True))
-            return cap
-        if (explicit and limit.limit != cap) or not limit.active:
-            slots = cap if explicit else limit.limit
-            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=slots, active=True))
-            return slots
-        return limit.limit
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=cap, active=True))
+                return cap, True
+            except ObjectAlreadyExists:
+                limit = client.read_global_concurrency_limit_by_name(name)
+        if explicit and (limit.limit != cap or not limit.active):
+            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=cap, active=True))
+            return cap, True
+        return limit.limit, limit.active
+
+
+SLOT_WAIT_LOG_S = 60.0   # how often a stage waiting for a slot says so
 
 
 @contextmanager
-def stage_slot(name: str | None, stage: str, log=None):
-    """Hold one slot of the global concurrency limit `name` while `stage` runs here (None: no limit). A stage waits,
-    and says so, while other flow runs or deployments on the same Prefect server hold every slot."""
+def stage_slot(name: str | None, stage: str, log=None, wait_log_s: float = SLOT_WAIT_LOG_S):
+    """Hold one slot of the global concurrency limit `name` while `stage` runs here (None: no limit). While other
+    flow runs or deployments on the same Prefect server hold every slot, the stage waits, saying so every
+    `wait_log_s` with the command that shows who holds them. A lease renewal that fails (the server restarting)
+    does not cancel a running stage: the slot's lease then lapses and the server frees it."""
     if name is None:
         yield
         return
     from prefect.concurrency.sync import concurrency
 
-    (log.info if log else print)(f"stage '{stage}' takes a slot of Prefect's concurrency limit '{name}'")
-    with concurrency(name, occupy=1, strict=True):
+    say = log.info if log else print
+    waited = 0.0
+    with ExitStack() as stack:
+        while True:
+            try:
+                stack.enter_context(concurrency(name, occupy=1, timeout_seconds=wait_log_s, strict=True,
+                                                raise_on_lease_renewal_failure=False))
+                break
+            except TimeoutError:
+                waited += wait_log_s
+                say(f"stage '{stage}' has waited {waited:.0f} s for a slot of Prefect's concurrency limit "
+                    f"'{name}': other runs hold them all (`prefect gcl inspect {name}`)")
         yield
 
 
@@ -268,12 +296,17 @@ def _run(args: list[str], root: Path, log=None) -> tuple[int, str]:
         args, cwd=root, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip()
-        tail.append(line)
-        if log and line:
-            log.info(line)
-    return proc.wait(), "\n".join(tail)
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail.append(line)
+            if log and line:
+                log.info(line)
+        return proc.wait(), "\n".join(tail)
+    finally:  # the task was cancelled or interrupted: the command must not run on without it (nor hold DVC's lock)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def dvc_command(*args: str) -> list[str]:
@@ -819,10 +852,17 @@ def pipeline(
     else:
         cap = parallel_stages(cfg, params)
         print(f"running at most {cap} stage(s) at once (prefect.max_parallel_stages)")
-    limit = host_limit(cfg.concurrency_limit) if any(modes[n] in ("local", "remote") for n in selected) else None
-    if limit:  # shared with every flow run and deployment on this Prefect server
-        slots = ensure_concurrency_limit(limit, cap, explicit=cfg.max_parallel_stages is not None)
-        print(f"stages run here hold a slot of Prefect's global concurrency limit '{limit}' ({slots} slot(s))")
+    # on a Prefect server, shared with every flow run and deployment there; the ephemeral API of a plain `ragteam
+    # flow run` serves this run alone (its cap above suffices), and it frees no lapsed lease: a run killed while
+    # holding a slot would hold it for good
+    here = any(modes[n] in ("local", "remote") for n in selected)
+    limit = host_limit(cfg.concurrency_limit) if here and server_url() else None
+    if limit:
+        # a GPU worker (remote) keeps its host's slots: the orchestrator's params.yaml travels with the run
+        slots, active = ensure_concurrency_limit(limit, cap, explicit=cfg.max_parallel_stages is not None
+                                                 and not remote)
+        print(f"stages run here hold a slot of Prefect's global concurrency limit '{limit}' "
+              + (f"({slots} slot(s))" if active else "(disabled on the server: it limits nothing)"))
 
     pending, running, futures = list(selected), {}, {}
     done: dict[str, dict] = {}

@@ -11,13 +11,17 @@
 # Where the CPU torch comes from is decided here, not left to the machine's pip configuration: PyPI has only the CUDA
 # build of torch 2.13.0, so a file pinning `torch==X+cpu` needs PyTorch's CPU index (RAGTEAM_TORCH_INDEX, default
 # https://download.pytorch.org/whl/cpu), which is added unless a find-links directory of pip's configuration already
-# holds that exact wheel (this machine keeps it in /opt/wheels; no other host is reachable here). Either way the
-# file's sha256 decides which bytes are accepted, and the line `setup: torch X+cpu from ...` says which source it was.
+# holds that exact wheel (this machine keeps it in /opt/wheels; no other host is reachable here), or unless
+# RAGTEAM_TORCH_INDEX is set empty (pip's own configuration then has to provide it). Either way the file's sha256
+# decides which bytes are accepted, and the line `setup: torch X+cpu from ...` says which source it was. With an
+# extra index uv is told to take each pin from whichever index has it (--index-strategy unsafe-best-match: its
+# default stops at the first index that has the name at all, and PyTorch's index carries old numpy, jinja2, ...
+# releases); the hashes still fix every file.
 UV_PIN="uv==0.13.9 --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19"
 TORCH_CPU_INDEX_DEFAULT=https://download.pytorch.org/whl/cpu
 
-# torch_cpu_source FILE DIR...: the find-links directory holding FILE's torch==X+cpu wheel, else the CPU index;
-# prints nothing when FILE pins no CPU torch.
+# torch_cpu_source FILE DIR...: "X+cpu <source>": the find-links directory holding FILE's torch==X+cpu wheel, else
+# the CPU index; "X+cpu" alone where RAGTEAM_TORCH_INDEX is empty; nothing when FILE pins no CPU torch.
 torch_cpu_source() {
   local file=$1; shift
   local version dir
@@ -26,7 +30,8 @@ torch_cpu_source() {
   for dir in "$@"; do
     if compgen -G "$dir/torch-$version-*.whl" >/dev/null; then echo "$version $dir"; return 0; fi
   done
-  echo "$version ${RAGTEAM_TORCH_INDEX:-$TORCH_CPU_INDEX_DEFAULT}"
+  local index=${RAGTEAM_TORCH_INDEX-$TORCH_CPU_INDEX_DEFAULT}
+  if [[ -n "$index" ]]; then echo "$version $index"; else echo "$version"; fi
 }
 
 install_pinned() {
@@ -39,12 +44,20 @@ install_pinned() {
   [[ -n "${PIP_EXTRA_INDEX_URL:-}" ]] && for u in $PIP_EXTRA_INDEX_URL; do links+=(--extra-index-url "$u"); done
   for arg in "$@"; do [[ "$prev" == -r ]] && file=$arg; prev=$arg; done
   if [[ -n "$file" && -f "$file" ]] && source=$(torch_cpu_source "$file" "${dirs[@]}") && [[ -n "$source" ]]; then
-    echo "setup: torch ${source% *} from ${source#* }"
-    [[ -d "${source#* }" ]] || extra=(--extra-index-url "${source#* }")
+    local from=${source#* }
+    if [[ "$source" != *" "* ]]; then
+      echo "setup: torch $source from pip's configuration (RAGTEAM_TORCH_INDEX is empty)"
+    else
+      echo "setup: torch ${source%% *} from $from"
+      [[ -d "$from" ]] || extra=(--extra-index-url "$from")
+    fi
   fi
+  local strategy=()
+  [[ " ${links[*]} ${extra[*]} " == *" --extra-index-url "* ]] && strategy=(--index-strategy unsafe-best-match)
   tool=$(mktemp); echo "$UV_PIN" > "$tool"
   if [[ "${RAGTEAM_INSTALLER:-uv}" == uv ]] && "$py" -m pip install -q --no-deps --require-hashes -r "$tool" \
-      && "$venv/bin/uv" pip install -q --compile-bytecode --python "$py" --no-deps "${links[@]}" "${extra[@]}" "$@"; then
+      && "$venv/bin/uv" pip install -q --compile-bytecode --python "$py" --no-deps "${links[@]}" "${extra[@]}" \
+         "${strategy[@]}" "$@"; then
     rm -f "$tool"; return 0
   fi
   rm -f "$tool"

@@ -89,3 +89,45 @@ def test_every_output_the_lock_names_reaches_a_fresh_clone():
     lost = [(stage, path) for stage, path in uncached
             if path not in tracked and not any(t.startswith(path.rstrip("/") + "/") for t in tracked)]
     assert lost == [], f"uncached outputs git does not track (cache them, or commit them): {lost}"
+
+
+def test_the_real_index_stages_push_and_pull_into_a_fresh_clone_that_recomputes_nothing(tmp_path, shared_data,
+                                                                                         minilm_dir):
+    """prepare_data and index_dense as dvc.yaml has them (a 300-passage mirror, the MiniLM encoder added as data):
+    `dvc repro`, `dvc push` to a directory remote, then a fresh `git clone` + `dvc pull` has every output the lock
+    names, `dvc status` is clean and `dvc repro` runs nothing. With index_dense's shards uncached and git-ignored
+    the pulled clone lacked them, listed index_dense as changed, and recomputed the index."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    for d in ("stages", "ragteam"):
+        shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__"))
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {n: stages[n] for n in ("prepare_data", "index_dense")}},
+                                                  sort_keys=False))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    mirror = tmp_path / "mirror"
+    (mirror / "corpus").mkdir(parents=True)
+    lines = (shared_data / "corpus/mini_wiki.jsonl").read_text().splitlines()[:300]
+    (mirror / "corpus/c.jsonl").write_text("\n".join(lines) + "\n")
+    (mirror / "benchmarks/hotpotqa").mkdir(parents=True)
+    shutil.copy(shared_data / "benchmarks/hotpotqa/dev.jsonl", mirror / "benchmarks/hotpotqa/dev.jsonl")
+    params["data"]["source"] = f"mirror:{mirror}"
+    params["data"]["mirror"] |= {"benchmarks": ["hotpotqa"], "train_from": ["hotpotqa"]}
+    params["retrieval"]["dense"] |= {"shard_size": 100}         # 3 shards
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    shutil.copytree(minilm_dir, root / "models/encoder")
+    remote = tmp_path / "remote"
+    _sh("git init -q && git config user.email t@t && git config user.name t && dvc init -q && "
+        f"dvc config core.analytics false && dvc remote add -d local {remote} && dvc add -q models/encoder && "
+        "git add -A && git commit -qm init", root)
+    _sh("dvc repro && git add -A && git commit -qm run && dvc push", root)
+    assert len(list((root / "data/indexes/dense_shards").iterdir())) >= 3
+
+    clone = tmp_path / "clone"
+    _sh(f"git clone -q {root} {clone}", tmp_path)
+    _sh("dvc pull", clone)
+    assert sorted(p.name for p in (clone / "data/indexes/dense_shards").iterdir()) == \
+        sorted(p.name for p in (root / "data/indexes/dense_shards").iterdir())
+    assert json.loads(_sh("dvc status --json", clone).stdout) == {}
+    again = _sh("dvc repro", clone).stdout
+    assert "Running stage" not in again, again

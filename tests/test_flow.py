@@ -269,44 +269,75 @@ def test_a_local_flow_runs_no_more_stages_at_once_than_max_parallel_stages(flows
     assert first["end"] <= second["start"], (first, second)            # one after the other, never together
 
 
-def test_a_stage_waits_while_other_runs_hold_every_slot_of_the_hosts_concurrency_limit(flows_mod, tmp_path):
-    """The cap is Prefect's global concurrency limit of the host, not only this flow run's loop: a slot held
-    elsewhere on the same server (another flow run, a deployment) holds the stage back until it is released."""
+def test_a_stage_slot_waits_while_others_hold_every_slot_and_says_so(flows_mod):
+    """`stage_slot` holds one slot of a Prefect global concurrency limit: while another holder (another flow run,
+    a deployment) has the only slot, the stage waits, logging each wait, and enters once the slot is released."""
     import threading
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
     from prefect.concurrency.sync import concurrency
 
-    prefix = f"toy-stages-{uuid.uuid4().hex[:8]}"
-    repo = make_repo(tmp_path / "toy", BRANCHES_DVC, {"step.py": STEP_PY},
-                     {"prefect": prefect_section(max_parallel_stages=1, concurrency_limit=prefix)})
-    name = flows_mod.host_limit(prefix)
-    assert name.startswith(prefix + "-") and flows_mod.host_limit(None) is None
-    assert flows_mod.host_limit(prefix, "gpu/box 1") == f"{prefix}-gpu-box-1"
-    assert flows_mod.ensure_concurrency_limit(name, 1, explicit=True) == 1     # created with the cap's slots
-    states = []
+    name = flows_mod.host_limit(f"toy-stages-{uuid.uuid4().hex[:8]}")
+    assert flows_mod.ensure_concurrency_limit(name, 1, explicit=True) == (1, True)   # created with the cap's slots
+
+    class Log:
+        lines: list[str] = []
+
+        def info(self, line):
+            self.lines.append(line)
+
+    log, entered = Log(), []
+
+    def stage():
+        with flows_mod.stage_slot(name, "left", log, wait_log_s=1):
+            entered.append(time.time())
+
     with concurrency(name, occupy=1, strict=True):                           # another run holds the only slot
-        run = threading.Thread(target=lambda: states.append(
-            flows_mod.pipeline(root=str(repo), targets=["left"], return_state=True)))
+        run = threading.Thread(target=stage)
         run.start()
-        time.sleep(6)
-        assert not (repo / "log/left.attempts").exists()                     # waiting: the stage has not started
+        time.sleep(4)
+        assert not entered and run.is_alive()
         released = time.time()
-    run.join(timeout=120)
-    assert not run.is_alive() and states[0].is_completed(), states
-    assert json.loads((repo / "log/left.json").read_text())["start"] >= released
-    # an existing limit keeps an operator's slots unless the run sets its own cap
+    run.join(timeout=60)
+    assert not run.is_alive() and entered and entered[0] >= released
+    assert any(f"'left' has waited" in line and f"prefect gcl inspect {name}" in line for line in log.lines), log.lines
+    # an existing limit keeps an operator's slots and switch unless the run sets its own cap; two creators race safely
     with get_client(sync_client=True) as client:
-        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=2))
-    assert flows_mod.ensure_concurrency_limit(name, 1, explicit=False) == 2
-    assert flows_mod.ensure_concurrency_limit(name, 3, explicit=True) == 3
+        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=2, active=False))
+    assert flows_mod.ensure_concurrency_limit(name, 1, explicit=False) == (2, False)
+    assert flows_mod.ensure_concurrency_limit(name, 3, explicit=True) == (3, True)
     with get_client(sync_client=True) as client:
-        limit = client.read_global_concurrency_limit_by_name(name)
-        assert (limit.limit, limit.active) == (3, True)
         client.delete_global_concurrency_limit_by_name(name)
+    results = []
+    racers = [threading.Thread(target=lambda: results.append(flows_mod.ensure_concurrency_limit(name, 2, False)))
+              for _ in range(3)]
+    for t in racers:
+        t.start()
+    for t in racers:
+        t.join(timeout=60)
+    assert results == [(2, True)] * 3
+    with get_client(sync_client=True) as client:
+        client.delete_global_concurrency_limit_by_name(name)
+
+
+def test_names_of_host_limits_and_a_flow_without_a_server_takes_none(flows_mod, tmp_path):
+    """`<prefix>-<host>`, in the characters Prefect allows. The ephemeral API of a plain `ragteam flow run` serves one
+    run and frees no lapsed lease (a killed run would keep its slot for good): no limit is made or held there."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    assert flows_mod.host_limit(None) is None
+    assert flows_mod.host_limit("p", "gpu/box 1") == "p-gpu-box-1"
     with pytest.raises(Exception, match="concurrency_limit"):
         flows_mod.PrefectParams(**prefect_section(concurrency_limit="a/b"))
+    prefix = f"toy-stages-{uuid.uuid4().hex[:8]}"
+    repo = make_repo(tmp_path / "toy", BRANCHES_DVC, {"step.py": STEP_PY},
+                     {"prefect": prefect_section(concurrency_limit=prefix)})
+    assert flows_mod.server_url() is None
+    assert flows_mod.pipeline(root=str(repo), targets=["left"], return_state=True).is_completed()
+    with get_client(sync_client=True) as client, pytest.raises(ObjectNotFound):
+        client.read_global_concurrency_limit_by_name(flows_mod.host_limit(prefix))
 
 
 def test_parallel_stages_is_the_param_or_the_cores_one_llm_stage_leaves_room_for(flows_mod):

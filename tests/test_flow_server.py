@@ -170,3 +170,39 @@ def test_gpu_stage_runs_on_a_real_worker_at_the_orchestrators_commit(prefect_ser
     assert worker_runs[0]["stages"]["count"]["lock"] == yaml.safe_load((orch / "dvc.lock").read_text())["stages"][
         "count"]
     print(f"setup (repos, pool, worker, deploy) {t_setup:.0f} s, flow run {time.monotonic() - t0 - t_setup:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_on_a_server_two_runs_share_the_hosts_slots(prefect_server, tmp_path):
+    """On a real Prefect server the host's concurrency limit spans runs: while another run holds the only slot
+    (`prefect.max_parallel_stages: 1`), a `ragteam flow run` process waits, and its stage starts after the release."""
+    from prefect.client.orchestration import get_client
+    from prefect.concurrency.sync import concurrency
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from test_flow import BRANCHES_DVC, STEP_PY
+
+    env = prefect_server
+    prefix = "toy-stages-shared"
+    repo = make_repo(tmp_path / "toy", BRANCHES_DVC, {"step.py": STEP_PY, "flows/pipeline.py":
+                     (REPO / "flows/pipeline.py").read_text()},
+                     {"prefect": prefect_section(max_parallel_stages=1, concurrency_limit=prefix)})
+    name = f"{prefix}-{socket.gethostname()}"
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        with get_client(sync_client=True) as client:
+            from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1, active=True))
+        with concurrency(name, occupy=1, strict=True):                   # the other run's stage
+            flow = subprocess.Popen([sys.executable, "-m", "ragteam.cli", "flow", "run", "left", "--single"],
+                                    cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            time.sleep(20)
+            assert flow.poll() is None and not (repo / "log/left.attempts").exists(), "the stage did not wait"
+            released = time.time()
+        out, _ = flow.communicate(timeout=200)
+        assert flow.returncode == 0, out[-4000:]
+        assert f"global concurrency limit '{name}' (1 slot(s))" in out, out[-4000:]
+        assert json.loads((repo / "log/left.json").read_text())["start"] >= released
+        with get_client(sync_client=True) as client:
+            limit = client.read_global_concurrency_limit_by_name(name)
+            assert (limit.limit, limit.active_slots) == (1, 0)            # released when the stage ended

@@ -56,7 +56,8 @@ def test_uv_installs_the_pins_with_the_hashes_and_pips_find_links(tmp_path):
     [uv] = [c for c in calls if c.startswith("uv ")]
     assert uv == (f"uv pip install -q --compile-bytecode --python {tmp_path}/venv/bin/python --no-deps "
                   f"--find-links {tmp_path}/opt-wheels --find-links {tmp_path}/srv-more --find-links {tmp_path}/wheels "
-                  "--extra-index-url https://mirror.example/simple --require-hashes -r requirements.lock")
+                  "--extra-index-url https://mirror.example/simple --index-strategy unsafe-best-match "
+                  "--require-hashes -r requirements.lock")
     # the find-links directory that holds the pinned CPU wheel is the torch source: no index is added
     assert f"setup: torch 2.13.0+cpu from {tmp_path}/srv-more" in done.stdout
     assert not [c for c in calls if c.startswith("python -m pip install -q --no-deps --require-hashes -r requirements")]
@@ -80,7 +81,9 @@ def test_without_the_wheel_at_hand_the_cpu_torch_comes_from_pytorchs_cpu_index(t
     assert done.returncode == 0, done.stderr
     assert "setup: torch 2.13.0+cpu from https://download.pytorch.org/whl/cpu" in done.stdout
     [uv] = [c for c in calls if c.startswith("uv ")]
-    assert f"--extra-index-url https://download.pytorch.org/whl/cpu --require-hashes -r {pins}" in uv
+    # uv takes each pin from whichever index has it (its default would stop at PyTorch's old numpy, jinja2, ...)
+    assert (f"--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match "
+            f"--require-hashes -r {pins}") in uv
     done, calls = install(tmp_path / "mirror", uv_rc=1, pins=pins, RAGTEAM_TORCH_INDEX="https://mirror.example/cpu")
     assert "setup: torch 2.13.0+cpu from https://mirror.example/cpu" in done.stdout
     assert calls[-1] == f"python -m pip install -q --no-deps --extra-index-url https://mirror.example/cpu --require-hashes -r {pins}"
@@ -93,3 +96,10 @@ def test_a_file_without_a_cpu_torch_adds_no_index(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "setup: torch" not in done.stdout
     assert not [c for c in calls if "--extra-index-url" in c]
+
+
+def test_an_empty_torch_index_leaves_the_cpu_torch_to_pips_configuration(tmp_path):
+    done, calls = install(tmp_path, uv_rc=0, RAGTEAM_TORCH_INDEX="")
+    assert done.returncode == 0, done.stderr
+    assert "setup: torch 2.13.0+cpu from pip's configuration (RAGTEAM_TORCH_INDEX is empty)" in done.stdout
+    assert not [c for c in calls if "--extra-index-url" in c or "--index-strategy" in c]
