@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from ragteam.config import deep_merge
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -20,13 +22,15 @@ def _sh(cmd, cwd, check=True):
     return r
 
 
-def test_prepare_data_repro_noop_and_failed_run_restorable_from_the_cache(tmp_path, shared_data):
+def _mirror_project(tmp_path: Path, shared_data: Path, stage_names: tuple[str, ...], **params_over) -> tuple[Path, list[str]]:
+    """A checkout (copies of stages/ and ragteam/) whose dvc.yaml has the real `stage_names` and whose params read a
+    300-passage mirror of the shared data with HotpotQA; returns the checkout and the mirror corpus' lines."""
     root = tmp_path / "proj"
     root.mkdir()
     for d in ("stages", "ragteam"):
         shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__"))
-    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"prepare_data": dvc["stages"]["prepare_data"]}}))
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {n: stages[n] for n in stage_names}}, sort_keys=False))
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     mirror = tmp_path / "mirror"
     (mirror / "corpus").mkdir(parents=True)
@@ -36,7 +40,15 @@ def test_prepare_data_repro_noop_and_failed_run_restorable_from_the_cache(tmp_pa
     shutil.copy(shared_data / "benchmarks/hotpotqa/dev.jsonl", mirror / "benchmarks/hotpotqa/dev.jsonl")
     params["data"]["source"] = f"mirror:{mirror}"
     params["data"]["mirror"] |= {"benchmarks": ["hotpotqa"], "train_from": ["hotpotqa"]}
+    for section, values in params_over.items():
+        params[section] = deep_merge(params[section], values)
     (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root, lines
+
+
+def test_prepare_data_repro_noop_and_failed_run_restorable_from_the_cache(tmp_path, shared_data):
+    root, lines = _mirror_project(tmp_path, shared_data, ("prepare_data",))
+    mirror = tmp_path / "mirror"
     _sh("git init -q && git config user.email t@t && git config user.name t && dvc init -q && "
         "dvc config core.analytics false && git add -A && git commit -qm init", root)
 
@@ -97,24 +109,8 @@ def test_the_real_index_stages_push_and_pull_into_a_fresh_clone_that_recomputes_
     `dvc repro`, `dvc push` to a directory remote, then a fresh `git clone` + `dvc pull` has every output the lock
     names, `dvc status` is clean and `dvc repro` runs nothing. With index_dense's shards uncached and git-ignored
     the pulled clone lacked them, listed index_dense as changed, and recomputed the index."""
-    root = tmp_path / "proj"
-    root.mkdir()
-    for d in ("stages", "ragteam"):
-        shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__"))
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {n: stages[n] for n in ("prepare_data", "index_dense")}},
-                                                  sort_keys=False))
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    mirror = tmp_path / "mirror"
-    (mirror / "corpus").mkdir(parents=True)
-    lines = (shared_data / "corpus/mini_wiki.jsonl").read_text().splitlines()[:300]
-    (mirror / "corpus/c.jsonl").write_text("\n".join(lines) + "\n")
-    (mirror / "benchmarks/hotpotqa").mkdir(parents=True)
-    shutil.copy(shared_data / "benchmarks/hotpotqa/dev.jsonl", mirror / "benchmarks/hotpotqa/dev.jsonl")
-    params["data"]["source"] = f"mirror:{mirror}"
-    params["data"]["mirror"] |= {"benchmarks": ["hotpotqa"], "train_from": ["hotpotqa"]}
-    params["retrieval"]["dense"] |= {"shard_size": 100}         # 3 shards
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    root, _ = _mirror_project(tmp_path, shared_data, ("prepare_data", "index_dense"),
+                              retrieval={"dense": {"shard_size": 100}})   # 3 shards
     shutil.copytree(minilm_dir, root / "models/encoder")
     remote = tmp_path / "remote"
     _sh("git init -q && git config user.email t@t && git config user.name t && dvc init -q && "
