@@ -22,7 +22,8 @@ def _sh(cmd, cwd, check=True):
     return r
 
 
-def _mirror_project(tmp_path: Path, shared_data: Path, stage_names: tuple[str, ...], **params_over) -> tuple[Path, list[str]]:
+def _mirror_project(tmp_path: Path, shared_data: Path, stage_names: tuple[str, ...],
+                    **params_over) -> tuple[Path, list[str]]:
     """A checkout (copies of stages/ and ragteam/) whose dvc.yaml has the real `stage_names` and whose params read a
     300-passage mirror of the shared data with HotpotQA; returns the checkout and the mirror corpus' lines."""
     root = tmp_path / "proj"
