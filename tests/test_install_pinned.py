@@ -86,7 +86,8 @@ def test_without_the_wheel_at_hand_the_cpu_torch_comes_from_pytorchs_cpu_index(t
             f"--require-hashes -r {pins}") in uv
     done, calls = install(tmp_path / "mirror", uv_rc=1, pins=pins, RAGTEAM_TORCH_INDEX="https://mirror.example/cpu")
     assert "setup: torch 2.13.0+cpu from https://mirror.example/cpu" in done.stdout
-    assert calls[-1] == f"python -m pip install -q --no-deps --extra-index-url https://mirror.example/cpu --require-hashes -r {pins}"
+    assert calls[-1] == ("python -m pip install -q --no-deps --extra-index-url https://mirror.example/cpu "
+                         f"--require-hashes -r {pins}")
 
 
 def test_a_file_without_a_cpu_torch_adds_no_index(tmp_path):
