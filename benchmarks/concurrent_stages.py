@@ -13,9 +13,10 @@ work (a LoRA forward and backward pass over a training batch, as the warm-ups an
 
 and reports each variant's wall seconds and the throughput ratio (sequential seconds / concurrent seconds).
 
-    python -m benchmarks.concurrent_stages --model ~/.cache/ragteam-tests/llm --units 6
+    python -m benchmarks.concurrent_stages --model ~/.cache/ragteam-tests/llm --units 2
 
-Writes benchmarks/results/concurrent_stages.json and .md (or --out). The machine should be otherwise idle.
+Writes benchmarks/results/concurrent_stages.json and .md (or --out). The machine should be otherwise idle. Measured:
+experiments/default_repro.md ("two stages at once"), benchmarks/results/concurrent_stages_units{2,3}.md.
 """
 from __future__ import annotations
 
@@ -43,24 +44,24 @@ def work(model_dir: str, workload: str, units: int, threads: int, seed: int = 0)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     load_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(seed)
-    if workload == "train":   # one optimiser step's forward + backward: 8 sequences of 384 tokens, LoRA r 16
+    if workload == "train":   # one optimiser step's forward + backward: 4 sequences of 256 tokens, LoRA r 16
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"],
                                                  task_type="CAUSAL_LM"))
         model.train()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-        ids = torch.randint(0, tok.vocab_size, (8, 384), generator=g)
+        ids = torch.randint(0, tok.vocab_size, (4, 256), generator=g)
         t0 = time.perf_counter()
         for _ in range(units):
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad()
-    else:                     # one greedy rollout batch: 16 prompts of 256 tokens, 32 new tokens each
+    else:                     # one greedy rollout batch: 8 prompts of 192 tokens, 32 new tokens each
         model.eval()
-        ids = torch.randint(0, tok.vocab_size, (16, 256), generator=g)
+        ids = torch.randint(0, tok.vocab_size, (8, 192), generator=g)
         t0 = time.perf_counter()
         with torch.no_grad():
             for _ in range(units):
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a SmolLM2 checkpoint directory (models/llm, or the tests' cache)")
-    ap.add_argument("--units", type=int, default=6, help="units of work per concurrent process (sequential: 2x)")
+    ap.add_argument("--units", type=int, default=2, help="units of work per concurrent process (sequential: 2x)")
     ap.add_argument("--threads", type=int, default=2, help="the sequential process's threads (concurrent: half each)")
     ap.add_argument("--workload", choices=WORKLOADS, action="append", help="default: both")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/concurrent_stages")
