@@ -206,7 +206,8 @@ def stage_slot(name: str | None, stage: str, log=None, wait_log_s: float = SLOT_
     """Hold one slot of the global concurrency limit `name` while `stage` runs here (None: no limit). While other
     flow runs or deployments on the same Prefect server hold every slot, the stage waits, saying so every
     `wait_log_s` with the command that shows who holds them. A lease renewal that fails (the server restarting)
-    does not cancel a running stage: the slot's lease then lapses and the server frees it."""
+    does not cancel a running stage; whether the slot is then freed is the server's business (a server running its
+    services revokes lapsed leases; one restarted with in-memory leases keeps the slot counted: docs/prefect.md)."""
     if name is None:
         yield
         return

@@ -25,7 +25,7 @@ from pathlib import Path
 hashed, dirs = Path(sys.argv[1]), [a for a in sys.argv[2:] if a != "--find-links"]
 header = [l for l in Path("requirements-worker.txt").read_text().splitlines() if l.startswith("#")]
 out, lines = [], hashed.read_text().splitlines()
-for i, line in enumerate(lines):
+for line in lines:
     if "# via" in line or (line.startswith("    #") and not line.strip().startswith("--hash")):
         continue
     m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)==(\S+)$", line)
