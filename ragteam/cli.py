@@ -132,6 +132,24 @@ def registry_list(artifact: Optional[str] = typer.Argument(None), repo: Path = t
         typer.echo(f"{v.artifact}\t{v.version}\t{v.commit[:12]}")
 
 
+@registry_app.command("get")
+def registry_get(
+    artifact: str = typer.Argument(..., help="a trained agent of dvc.yaml's artifacts, e.g. mask-agent"),
+    version: str = typer.Argument(..., help="a registered version, v<major>.<minor>.<patch>"),
+    out: Path = typer.Option(..., "-o", "--out", help="a new directory for the model"),
+    repo: str = typer.Option(".", help="the project: a path or git URL (its DVC remote holds the weights)"),
+    no_eval: bool = typer.Option(False, "--no-eval", help="fetch with the training card alone, when no "
+                                 "evaluation at the tagged commit is of these weights"),
+) -> None:
+    """Fetch a registered agent with its release model card: the training card plus the scores, 95 % intervals and
+    paired differences that evaluate / evaluate_agents recorded at the tagged commit for the rows that run on these
+    weights (refused where those records are stale), also as Hugging Face model-index metadata."""
+    from ragteam.release import get_release
+
+    dest = get_release(repo, artifact, version, out, evaluation=not no_eval)
+    typer.echo(f"{artifact}@{version} -> {dest} (release card: {dest / 'README.md'})")
+
+
 replicate_app = typer.Typer(no_args_is_help=True, help="Seed replicates of the MAPS training stages.")
 app.add_typer(replicate_app, name="replicate")
 
