@@ -1,7 +1,9 @@
 """Stage eval_retrieval: recall@k of supporting titles and of answer strings, per retriever and benchmark.
 
 Reads every data/prepared/benchmarks/*.jsonl and the indexes built by index_bm25 / index_dense; writes the DVC
-metrics file metrics/retrieval.json as {retriever: {benchmark: {metric@k: value}}}.
+metrics file metrics/retrieval.json as {retriever: {benchmark: {metric@k: value}}}, and metrics/eval_retrieval.json,
+the run's own record: which retrievers and benchmarks, the seconds, and the environment that ran it (the retrieval
+libraries' versions, for `ragteam lineage`), kept out of the retriever-keyed record that its readers iterate.
 """
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ from pathlib import Path
 
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
-from ragteam.io import DataError, write_metrics
+from ragteam.environment import lineage_environment
+from ragteam.io import DataError, write_json, write_metrics
 from ragteam.retrieval.config import RetrievalParams
 
 BENCHMARKS = Path("data/prepared/benchmarks")
 BM25 = Path("data/indexes/bm25")
 DENSE = Path("data/indexes/dense")
 METRICS = Path("metrics/retrieval.json")
+RUN = Path("metrics/eval_retrieval.json")
 
 
 def open_configured(p: RetrievalParams, name: str, cache: dict):
@@ -83,6 +87,10 @@ def main() -> None:
     except (ParamsError, DataError, ValueError) as e:
         sys.exit(f"eval_retrieval FAILED: {e}")
     write_metrics(METRICS, metrics, COMPARED)
+    benches = sorted({b for per in metrics.values() for b in per})
+    seconds = round(sum(m.get("seconds", 0.0) for per in metrics.values() for m in per.values()), 2)
+    write_json(RUN, {"retrievers": list(metrics), "benchmarks": benches, "seconds": seconds,
+                     "environment": lineage_environment()})
     print(markdown_table(metrics, p.eval.ks))
 
 
