@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -179,11 +180,13 @@ def entry_hashes(entry: dict, kind: str) -> dict[str, dict]:
     return out
 
 
-def _lookup(data: Any, dotted: str) -> Any:
+def lookup(data: Any, dotted: str, missing: Any = None) -> Any:
+    """The value at DOTTED ("a.b.c") in nested mappings, or MISSING where a key is absent (the whole of DATA for
+    "")."""
     node = data
     for part in dotted.split(".") if dotted else []:
-        if not isinstance(node, dict) or part not in node:
-            return None
+        if not isinstance(node, Mapping) or part not in node:
+            return missing
         node = node[part]
     return node
 
@@ -194,7 +197,7 @@ def current_params(root: str | Path, stage: Stage) -> dict[str, dict[str, Any]]:
     for fname, keys in stage.params.items():
         path = Path(root) / fname
         data = yaml.safe_load(path.read_text()) if path.exists() else {}
-        out[fname] = {k: _lookup(data, k) for k in keys}
+        out[fname] = {k: lookup(data, k) for k in keys}
     return out
 
 
@@ -327,7 +330,7 @@ def lineage(root: str | Path, path: str | Path) -> dict[str, Any]:
     for fname, keys in stage.params.items():
         for k in keys:
             in_lock = locked_params.get(fname, {}) or {}
-            locked = in_lock.get(k) if k in in_lock else (_lookup(in_lock, k) if k else in_lock)  # keys are flat
+            locked = in_lock.get(k) if k in in_lock else (lookup(in_lock, k) if k else in_lock)  # keys are flat
             params.append({"file": fname, "name": k, "current": now_params[fname][k], "locked": locked})
     info: dict[str, Any] = {
         "path": rel,

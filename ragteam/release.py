@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from ragteam.lineage import lookup
 from ragteam.registry import SEMVER, RegistryError
 from ragteam.train.model_card import README, front_matter
 
@@ -77,15 +78,6 @@ def tree_md5(fs, path: str, out_md5: Mapping[str, str]) -> str:
     return _md5(json.dumps([r for _, r in rows], sort_keys=True).encode("utf-8")) + ".dir"
 
 
-def _param(params: Mapping, dotted: str) -> Any:
-    here: Any = params
-    for k in dotted.split("."):
-        if not isinstance(here, Mapping) or k not in here:
-            return KeyError
-        here = here[k]
-    return here
-
-
 def stage_changes(fs, lock: Mapping, stage: str) -> list[str]:
     """What of STAGE's `dvc.lock` entry no longer matches the commit FS reads: each dependency whose hash and each
     param whose value differ, as `dvc status` would name them ([] = the stage's outputs are of these inputs)."""
@@ -102,7 +94,8 @@ def stage_changes(fs, lock: Mapping, stage: str) -> list[str]:
             changed.append(f"{dep['path']} ({'deleted' if now is None else 'modified'})")
     for file, values in (entry.get("params") or {}).items():
         current = _read_yaml(fs, file)
-        changed += [f"{file}:{k}" for k, v in values.items() if _param(current, k) != v]
+        # a param gone from the file differs from one locked as null: a sentinel, not None, marks it missing
+        changed += [f"{file}:{k}" for k, v in values.items() if lookup(current, k, missing=KeyError) != v]
     return changed
 
 
