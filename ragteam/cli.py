@@ -184,6 +184,11 @@ def _at_rev(rev: str, path: str) -> dict | None:
 
     got = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
     if got.returncode:
+        known = subprocess.run(["git", "cat-file", "-e", f"{rev}^{{commit}}"], capture_output=True)
+        if known.returncode:
+            raise ValueError(f"commit {rev[:7]} (a run of the study) is not in this repository: DVC keeps "
+                             f"experiment commits under refs/exps, which a clone does not fetch; where the study "
+                             f"ran, `ragteam replicate keep <its experiments>` puts them in the branch's history")
         return None
     try:
         return json.loads(got.stdout)
@@ -225,6 +230,28 @@ def replicate_joint_summary(
     except (ValueError, OSError) as e:
         raise fail(e)
     _write_report(out_md, out_json, joint_study.report_markdown(summary, names, notes), summary)
+
+
+@replicate_app.command("keep")
+def replicate_keep(
+    experiments: list[str] = typer.Argument(..., help="DVC experiment names (or commits) whose records a study "
+                                            "reports"),
+    message: Optional[str] = typer.Option(None, "-m", "--message", help="the merge commit's message"),
+) -> None:
+    """Keep a study's experiment commits in the current branch's history (a merge that changes no file), so a clone
+    of the branch can rerun its summary and `ragteam lineage --rev <commit>` can trace its numbers: DVC keeps
+    experiments under refs/exps, which `git clone` does not fetch."""
+    from ragteam.lineage import LineageError, find_root, keep_commits
+
+    msg = message or f"keep the experiment commits of {', '.join(experiments)} in this branch's history (no file changes)"
+    try:
+        head, kept = keep_commits(find_root(), experiments, msg)
+    except LineageError as e:
+        raise fail(e)
+    if not kept:
+        typer.echo(f"nothing to keep: {len(experiments)} experiment commit(s) already in the history of {head[:7]}")
+        return
+    typer.echo(f"kept {len(kept)} experiment commit(s) ({', '.join(k[:7] for k in kept)}) in {head[:7]}")
 
 
 @replicate_app.command("summarize")
@@ -311,19 +338,21 @@ def flow_run(
 def lineage_cmd(
     path: Path = typer.Argument(..., help="a file or directory produced by a dvc.yaml stage"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    rev: Optional[str] = typer.Option(None, "--rev", help="as this commit has it (a commit, branch, tag or a "
+                                      "kept experiment's commit), not the workspace"),
 ) -> None:
     """Which stage produced PATH: its cmd, params (current and locked), deps/outs md5 and the dvc.lock commit."""
     from ragteam.lineage import LineageError, find_root, lineage
 
     try:
-        info = lineage(find_root(path.resolve().parent), path)
+        info = lineage(find_root(path.resolve().parent), path, rev=rev)
     except LineageError as e:
         raise fail(e)
     if as_json:
         typer.echo(json.dumps(info, indent=2, default=str))
         return
     art = info["artifact"]
-    typer.echo(f"{info['path']}")
+    typer.echo(f"{info['path']}" + (f"  at {info['rev']}" if info["rev"] else ""))
     typer.echo(f"  stage     {info['stage']}  (out {info['out']})" + (f"  artifact {art['name']} [{art.get('type', '')}]" if art else ""))
     typer.echo(f"  cmd       {info['cmd']}")
     for p in info["params"]:
@@ -340,7 +369,8 @@ def lineage_cmd(
         for d in info[kind]:
             typer.echo(f"  {kind[:-1]:<9} {d['path']}  md5 {d.get('md5', '-')}")
     if "member_md5" in info:
-        typer.echo(f"  file md5  {info.get('member_md5') or '-'} (in dvc.lock), {info.get('workspace_md5', '-')} (workspace)")
+        where = "at the commit" if info["rev"] else "workspace"
+        typer.echo(f"  file md5  {info.get('member_md5') or '-'} (in dvc.lock), {info.get('workspace_md5', '-')} ({where})")
     commit = f"last committed in {info['lock_commit']}" if info["lock_commit"] else "not committed yet"
     typer.echo(f"  dvc.lock  {commit}" + ("  (has uncommitted changes)" if info["lock_dirty"] and info["lock_commit"] else ""))
     if not info["locked"]:

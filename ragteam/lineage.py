@@ -239,6 +239,42 @@ def git_is_dirty(root: str | Path, path: str) -> bool:
     return bool(_git(root, "status", "--porcelain", "--", path))
 
 
+def experiment_commit(root: str | Path, name: str) -> str:
+    """The commit of DVC experiment `name` (its ref `refs/exps/../<name>`), or of any git revision `name`."""
+    refs = _git(root, "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps") or ""
+    hits = sorted({sha for sha, ref in (line.split(" ", 1) for line in refs.splitlines() if line)
+                   if ref.rsplit("/", 1)[-1] == name})
+    if len(hits) > 1:
+        raise LineageError(f"experiment {name!r}: {len(hits)} experiments have that name ({', '.join(h[:7] for h in hits)}): "
+                           f"name one by its commit")
+    if hits:
+        return hits[0]
+    sha = _git(root, "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
+    if not sha:
+        raise LineageError(f"{name}: neither a DVC experiment here (`dvc exp list`) nor a git revision")
+    return sha
+
+
+def keep_commits(root: str | Path, names: list[str], message: str) -> tuple[str, list[str]]:
+    """Make experiment commits part of the current branch's history, so every clone of it holds them (a clone
+    fetches no `refs/exps`): one merge commit whose tree is the branch's own (`git merge -s ours`), with the
+    experiments as further parents. `git log --first-parent` still reads the branch alone. Returns (the merge
+    commit, the kept commits); commits the branch already holds are not merged again, and with none left nothing
+    is written (the branch's HEAD is returned)."""
+    shas = list(dict.fromkeys(experiment_commit(root, n) for n in names))
+    if _git(root, "symbolic-ref", "--quiet", "HEAD") is None:
+        raise LineageError("HEAD is detached: check out the branch that should keep the experiments")
+    new = [s for s in shas if _git(root, "merge-base", "--is-ancestor", s, "HEAD") is None]
+    if not new:
+        return git_head(root) or "", []
+    r = subprocess.run(["git", "merge", "--quiet", "--no-ff", "--no-edit", "-s", "ours", "-m", message, *new],
+                       cwd=root, capture_output=True, text=True, check=False)
+    if r.returncode:
+        raise LineageError(f"git merge -s ours of {', '.join(s[:7] for s in new)} failed: "
+                           f"{(r.stderr or r.stdout).strip()[-400:]}")
+    return git_head(root) or "", new
+
+
 def md5_file(path: str | Path) -> str:
     h = hashlib.md5()
     with Path(path).open("rb") as f:
@@ -277,7 +313,8 @@ def load_artifacts(root: str | Path) -> dict[str, dict]:
 
 
 def _dir_member_md5(root: Path, dir_md5: str, relpath: str) -> str | None:
-    """md5 of a file inside a directory out, from the cached `.dir` manifest (None if not in the cache)."""
+    """md5 of a file inside a directory out, from the cached `.dir` manifest of the DVC project at `root` (None if
+    not in its cache)."""
     from dvc.repo import Repo
 
     try:
@@ -311,14 +348,44 @@ def recorded_environment(metrics: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def lineage(root: str | Path, path: str | Path) -> dict[str, Any]:
+def lineage(root: str | Path, path: str | Path, rev: str | None = None) -> dict[str, Any]:
     """Which stage produced `path` (repo-relative or absolute), with its cmd, params, deps, outs and commit, and
-    the environment that ran it where the stage recorded one."""
+    the environment that ran it where the stage recorded one. With `rev` (a commit, branch, tag or experiment
+    commit), as that commit has them: read from a detached git worktree of it, so a study's numbers trace to the
+    experiment commit that holds them; "current" params are then the commit's own."""
     root = Path(root).resolve()
     p = Path(path)
     rel = Path(os.path.relpath(p.resolve() if p.is_absolute() else (Path.cwd() / p).resolve(), root)).as_posix()
     if rel.startswith("../"):
         raise LineageError(f"{path}: outside the project {root}")
+    if rev is not None:
+        return _lineage_at(root, rel, rev)
+    return _lineage(root, rel, cache_root=root)
+
+
+def _lineage_at(root: Path, rel: str, rev: str) -> dict[str, Any]:
+    import shutil
+    import tempfile
+
+    sha = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if not sha:
+        raise LineageError(f"--rev {rev}: not a commit of {root} (an experiment's commit is kept by "
+                           f"`ragteam replicate keep <exp>`, or by `dvc exp branch <exp> <branch>`)")
+    tmp = Path(tempfile.mkdtemp(prefix="ragteam-lineage-"))
+    tree = tmp / "tree"
+    try:
+        if _git(root, "worktree", "add", "--detach", "--quiet", str(tree), sha) is None:
+            raise LineageError(f"--rev {rev}: git worktree add failed in {root}")
+        info = _lineage(tree, rel, cache_root=root)
+        info["rev"] = sha
+        return info
+    finally:
+        _git(root, "worktree", "remove", "--force", str(tree))
+        shutil.rmtree(tmp, ignore_errors=True)
+        _git(root, "worktree", "prune")
+
+
+def _lineage(root: Path, rel: str, cache_root: Path) -> dict[str, Any]:
     stages = load_stages(root)
     stage, out = find_producer(stages, rel)
     entry = load_lock(root).get(stage.name)
@@ -343,12 +410,13 @@ def lineage(root: str | Path, path: str | Path) -> dict[str, Any]:
         "outs": [{"path": o, **lock_outs.get(o, {})} for o in stage.outs],
         "lock_commit": git_last_commit(root, "dvc.lock"),
         "lock_dirty": git_is_dirty(root, "dvc.lock"),
+        "rev": None,
         "artifact": None,
         "environment": recorded_environment(read_metrics(root, stage, records=True)),
     }
     if rel != out and out in lock_outs:
         member = PurePosixPath(rel).relative_to(out).as_posix()
-        info["member_md5"] = _dir_member_md5(root, lock_outs[out].get("md5", ""), member)
+        info["member_md5"] = _dir_member_md5(cache_root, lock_outs[out].get("md5", ""), member)
     if (root / rel).is_file():
         info["workspace_md5"] = md5_file(root / rel)
     for name, art in load_artifacts(root).items():

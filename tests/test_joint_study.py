@@ -127,6 +127,13 @@ def test_cli_reads_each_run_at_its_own_commit(tmp_path, monkeypatch):
     assert [r["rev"] for r in summary["runs"]] == revs
     md = (tmp_path / "reports/joint_study.md").read_text()
     assert "| RL over warm-up | F1 | 4.00 ± 2.00 |" in md and "+6.00 [3.00, 9.00] †" in md
+    # a run whose commit this clone lacks (an experiment never kept): named, with the fix, not "no runs"
+    lost = "f" * 40
+    (tmp_path / "lost.json").write_text(json.dumps(_exp_show([revs[0], revs[1], lost])))
+    gone = CliRunner().invoke(app, ["replicate", "joint-summary", "--exp-json", "lost.json"])
+    assert gone.exit_code == 1 and "Traceback" not in gone.output
+    assert "commit fffffff (a run of the study) is not in this repository" in gone.output
+    assert "ragteam replicate keep" in gone.output
     bad = CliRunner().invoke(app, ["replicate", "flags", "1", "--kind", "nosuch"])
     assert bad.exit_code == 1 and "--kind 'nosuch': one of maps, joint" in bad.output
     assert CliRunner().invoke(app, ["replicate", "flags", "2", "--kind", "joint"]).output.strip() == \

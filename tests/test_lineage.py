@@ -186,6 +186,95 @@ def test_lineage_shows_param_drift_and_fails_on_unknown_paths(toy, monkeypatch):
         assert "not produced by any stage" in res.output
 
 
+def test_lineage_at_a_revision_reads_that_commit_not_the_workspace(toy, tmp_path, monkeypatch):
+    """`ragteam lineage --rev`: a number kept in an older (or experiment) commit traces to that commit's lock,
+    params and records, whatever the workspace holds now."""
+    import shutil
+
+    repo = tmp_path / "toy"
+    shutil.copytree(toy, repo)
+    first = sh(["git", "rev-parse", "HEAD"], repo)
+    (repo / "params.yaml").write_text("toy:\n  n: 3\n  scale: 5\n")
+    sh([sys.executable, "-m", "dvc", "repro", "-q"], repo)
+    sh(["git", "commit", "-q", "-am", "scale 5"], repo)
+    second = sh(["git", "rev-parse", "HEAD"], repo)
+
+    now = json.loads(run_cli(repo, monkeypatch, "out/count.txt", "--json").output)
+    assert now["params"][0]["current"] == now["params"][0]["locked"] == 5 and now["rev"] is None
+    res = run_cli(repo, monkeypatch, "out/count.txt", "--json", "--rev", first[:9])
+    assert res.exit_code == 0, res.output
+    old = json.loads(res.output)
+    assert old["rev"] == first and old["lock_commit"] == first
+    assert old["params"] == [{"file": "params.yaml", "name": "toy.scale", "current": 2, "locked": 2}]
+    assert "workspace_md5" not in old      # a cached out is not in the commit's tree: its md5 is the lock's
+    assert old["outs"] != now["outs"] and old["lock_dirty"] is False
+    record = json.loads(run_cli(repo, monkeypatch, "metrics/count.json", "--json", "--rev", first).output)
+    kept = subprocess.run(["git", "show", f"{first}:metrics/count.json"], cwd=repo, capture_output=True,
+                          check=True).stdout
+    assert record["workspace_md5"] == hashlib.md5(kept).hexdigest()       # a git-tracked record: the commit's copy
+    assert json.loads(kept)["total"] == 12 and json.loads((repo / "metrics/count.json").read_text())["total"] == 30
+    # a member of a directory out resolves through the project's own cache, which the worktree does not have
+    member = json.loads(run_cli(repo, monkeypatch, "data/raw/1.txt", "--json", "--rev", first).output)
+    assert member["member_md5"] == hashlib.md5(b"xx").hexdigest()
+    assert f"out/count.txt  at {first}" in run_cli(repo, monkeypatch, "out/count.txt", "--rev", first).output
+    # the worktree is gone afterwards, and the workspace untouched
+    assert sh(["git", "worktree", "list"], repo).count("\n") == 0
+    assert sh(["git", "rev-parse", "HEAD"], repo) == second and not sh(["git", "status", "--porcelain"], repo)
+    bad = run_cli(repo, monkeypatch, "out/count.txt", "--rev", "nosuchrev")
+    assert bad.exit_code == 1 and "--rev nosuchrev: not a commit of" in bad.output and "Traceback" not in bad.output
+
+
+def _git_repo(path):
+    path.mkdir()
+    sh(["git", "init", "-q", "-b", "main"], path)
+    sh(["git", "config", "user.email", "t@example.com"], path)
+    sh(["git", "config", "user.name", "t"], path)
+    (path / "a.txt").write_text("main\n")
+    sh(["git", "add", "-A"], path)
+    sh(["git", "commit", "-q", "-m", "base"], path)
+    return path
+
+
+def _experiment(repo, name, text):
+    """An experiment commit as `dvc exp run` leaves it: a child of the baseline under refs/exps, off the branch."""
+    base = sh(["git", "rev-parse", "HEAD"], repo)
+    sh(["git", "checkout", "-q", "--detach"], repo)
+    (repo / "a.txt").write_text(text)
+    sh(["git", "commit", "-q", "-am", f"dvc: commit experiment {name}"], repo)
+    sha = sh(["git", "rev-parse", "HEAD"], repo)
+    sh(["git", "update-ref", f"refs/exps/{base[:2]}/{base[2:]}/{name}", sha], repo)
+    sh(["git", "checkout", "-q", "main"], repo)
+    return sha
+
+
+def test_keep_puts_experiment_commits_in_the_branch_history_so_a_clone_has_them(tmp_path, monkeypatch):
+    repo = _git_repo(tmp_path / "repo")
+    one, two = _experiment(repo, "seed1", "one\n"), _experiment(repo, "seed2", "two\n")
+    before = sh(["git", "rev-parse", "HEAD^{tree}"], repo)
+    monkeypatch.chdir(repo)
+    (repo / "dvc.yaml").write_text("stages: {}\n")   # find_root looks for a DVC project
+    res = CliRunner().invoke(app, ["replicate", "keep", "seed1", two[:10]])
+    assert res.exit_code == 0, res.output
+    assert f"kept 2 experiment commit(s) ({one[:7]}, {two[:7]})" in res.output
+    parents = sh(["git", "log", "-1", "--format=%P"], repo).split()
+    assert parents[1:] == [one, two]
+    assert sh(["git", "rev-parse", "HEAD^{tree}"], repo) == before and (repo / "a.txt").read_text() == "main\n"
+    assert sh(["git", "log", "--first-parent", "--format=%s", "-2"], repo).splitlines()[1] == "base"
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(repo), str(clone)], tmp_path)
+    assert sh(["git", "show", f"{two}:a.txt"], clone) == "two"       # what a study summary reads at the run
+    again = CliRunner().invoke(app, ["replicate", "keep", "seed1", "seed2"])
+    assert again.exit_code == 0 and "nothing to keep: 2 experiment commit(s) already in the history" in again.output
+    for name, why in (("nosuch", "neither a DVC experiment here"),):
+        bad = CliRunner().invoke(app, ["replicate", "keep", name])
+        assert bad.exit_code == 1 and why in bad.output and "Traceback" not in bad.output
+    base = sh(["git", "rev-parse", "HEAD"], repo)
+    _experiment(repo, "seed1", "again\n")                             # a second experiment of the same name
+    bad = CliRunner().invoke(app, ["replicate", "keep", "seed1"])
+    assert bad.exit_code == 1 and "2 experiments have that name" in bad.output
+    assert sh(["git", "rev-parse", "HEAD"], repo) == base
+
+
 # the stages whose committed records hold no environment yet: they record none in their code either, and adding it
 # reruns them (evaluate needs every trained agent); each is named here with the reason, not skipped silently
 NO_ENVIRONMENT_YET = {
