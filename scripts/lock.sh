@@ -12,13 +12,9 @@
 # bundled Anserini jar is used, none of its 50+ runtime dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-UV_VERSION=0.13.9
 PYSERINI="pyserini==1.6.0"
-tools=$(mktemp -d)
-trap 'rm -rf "$tools"' EXIT
-python3 -m venv "$tools/venv"
-"$tools/venv/bin/python" -m pip install -q "uv==$UV_VERSION"
-uv=("$tools/venv/bin/uv" pip compile --quiet --generate-hashes --python-version 3.11
+source scripts/lock_common.sh   # $tools, $uv_bin (uv pinned there)
+uv=("$uv_bin" pip compile --quiet --generate-hashes --python-version 3.11
     --python-platform x86_64-manylinux_2_28 --no-header)
 [[ -d /opt/wheels ]] && uv+=(--find-links /opt/wheels)     # where this machine keeps the CPU torch wheel
 out=$(mktemp)

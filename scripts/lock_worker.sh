@@ -3,20 +3,16 @@
 # its pins stay the freeze its header describes, and scripts/setup_worker.sh installs them with --require-hashes,
 # as scripts/setup.sh does requirements.lock. Rerun after changing a pin.
 #
-# uv (pinned as in scripts/lock.sh) looks up every pinned file's hash with --no-deps, so nothing is re-resolved.
+# uv (pinned in scripts/lock_common.sh) looks up every pinned file's hash with --no-deps, so nothing is re-resolved.
 # It gives no hash for a wheel it finds only in a find-links directory (torch 2.13.0+cpu here): those are hashed
 # from the wheel file itself, which must be there; requirements.lock carries the same torch wheel's hash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-UV_VERSION=0.13.9
-tools=$(mktemp -d)
-trap 'rm -rf "$tools"' EXIT
-python3 -m venv "$tools/venv"
-"$tools/venv/bin/python" -m pip install -q "uv==$UV_VERSION"
+source scripts/lock_common.sh   # $tools, $uv_bin (uv pinned there)
 links=()
 [[ -d /opt/wheels ]] && links+=(--find-links /opt/wheels)   # where this machine keeps the CPU torch wheel
 grep -v '^#' requirements-worker.txt | sed 's/ *\\$//; /^ *--hash/d; /^ *$/d' > "$tools/pins.txt"
-"$tools/venv/bin/uv" pip compile --quiet --generate-hashes --no-deps --python-version 3.11 \
+"$uv_bin" pip compile --quiet --generate-hashes --no-deps --python-version 3.11 \
   --python-platform x86_64-manylinux_2_28 --no-header "${links[@]}" "$tools/pins.txt" -o "$tools/hashed.txt"
 python3 - "$tools/hashed.txt" "${links[@]}" <<'EOF'
 import hashlib, re, sys

