@@ -3,8 +3,8 @@ system ... the step where reward stops rising").
 
 `train_joint@<system>` logs one DVCLive TSV per curve under `reports/training/train_joint_<system>/plots/metrics/`
 (git-tracked, `cache: false`), so every experiment commit holds its run's curves. This reads them with `git show
-<rev>:<path>`, from the runs a saved `dvc exp show --json` names (the same file `ragteam replicate joint-summary
---exp-json` reads), and writes per seed the step-by-step table of what the issue asks to see: team reward, episode
+<rev>:<path>`, from the runs a saved `dvc exp show --json` names (the same runs `ragteam replicate joint-summary
+--exp-json` reads, refused alike where they differ in more than their seeds), and writes per seed the step-by-step table of what the issue asks to see: team reward, episode
 F1 of the sampled rollouts, format errors per call, policy and critic grad norms, KL to the start model (`kl_start`,
 k3 estimate before each step's update), clip fraction, explained variance; then the seeds' mean per step.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -68,17 +67,17 @@ def plateau_step(reward: Mapping[int, float], window: int = WINDOW) -> int | Non
     return at
 
 
-def runs_from_exp_show(entries: Sequence[Mapping], select: Sequence[str]) -> list[tuple[str, str]]:
-    """(name, rev) of the selected experiments, in the order asked."""
-    found: dict[str, str] = {}
-    for entry in entries:
-        for exp in entry.get("experiments") or []:
-            for row in exp.get("revs") or []:
-                if row.get("name") and row.get("rev"):
-                    found[row["name"]] = row["rev"]
+def study_runs(entries: Sequence[Mapping], select: Sequence[str], root: str | Path = ".") -> list[tuple[str, str]]:
+    """(name, rev) of the selected experiments, in the order asked: the runs `ragteam replicate joint-summary`
+    reads (`joint_study.load_runs`, which refuses runs that differ in anything but their seeds)."""
+    from ragteam.eval import joint_study
+    from ragteam.lineage import json_at
+
+    runs, _ = joint_study.load_runs(entries, lambda rev, path: json_at(root, rev, path), select=select)
+    found = {r.name: r.rev for r in runs}
     missing = [s for s in select if s not in found]
     if missing:
-        raise ValueError(f"not in the exp show output: {', '.join(missing)} (it has {', '.join(sorted(found))})")
+        raise ValueError(f"not among the study's runs: {', '.join(missing)} (it has {', '.join(sorted(found))})")
     return [(s, found[s]) for s in select]
 
 
@@ -134,17 +133,6 @@ def report_markdown(study: Mapping) -> str:
     return "\n".join(lines)
 
 
-def git_read(rev: str, path: str) -> str | None:
-    got = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
-    if got.returncode:
-        known = subprocess.run(["git", "cat-file", "-e", f"{rev}^{{commit}}"], capture_output=True)
-        if known.returncode:
-            raise ValueError(f"commit {rev[:7]} is not in this repository (keep a study's runs with "
-                             f"`ragteam replicate keep`)")
-        return None
-    return got.stdout
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exp-json", type=Path, required=True, help="saved `dvc exp show --json`")
@@ -154,7 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out-json", type=Path, required=True)
     a = ap.parse_args(argv)
     try:
-        study = study_curves(runs_from_exp_show(json.loads(a.exp_json.read_text()), a.exp), a.system, git_read)
+        from ragteam.lineage import git_show
+
+        study = study_curves(study_runs(json.loads(a.exp_json.read_text()), a.exp), a.system,
+                             lambda rev, path: git_show(".", rev, path))
     except (ValueError, OSError) as e:
         print(f"joint_curves: {e}", file=sys.stderr)
         return 2

@@ -179,21 +179,10 @@ def _exp_show(exp_json: Optional[Path]) -> list:
 
 
 def _at_rev(rev: str, path: str) -> dict | None:
-    """A git-tracked file as commit `rev` holds it (None where it does not)."""
-    import subprocess
+    """A git-tracked record as commit `rev` of the checkout here holds it (None where it does not)."""
+    from ragteam.lineage import json_at
 
-    got = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
-    if got.returncode:
-        known = subprocess.run(["git", "cat-file", "-e", f"{rev}^{{commit}}"], capture_output=True)
-        if known.returncode:
-            raise ValueError(f"commit {rev[:7]} (a run of the study) is not in this repository: DVC keeps "
-                             f"experiment commits under refs/exps, which a clone does not fetch; where the study "
-                             f"ran, `ragteam replicate keep <its experiments>` puts them in the branch's history")
-        return None
-    try:
-        return json.loads(got.stdout)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{rev[:7]}:{path}: not JSON ({e})") from None
+    return json_at(".", rev, path)
 
 
 def _write_report(out_md: Path, out_json: Path, md: str, summary: dict) -> None:

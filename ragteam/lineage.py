@@ -239,6 +239,31 @@ def git_is_dirty(root: str | Path, path: str) -> bool:
     return bool(_git(root, "status", "--porcelain", "--", path))
 
 
+def git_show(root: str | Path, rev: str, path: str) -> str | None:
+    """A git-tracked file as commit `rev` holds it, or None where that commit has no such file. A commit missing
+    from the repository is an error: a study's experiment commits live under refs/exps, which a clone does not
+    fetch, unless `ragteam replicate keep` put them in the branch's history."""
+    got = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True)
+    if got.returncode == 0:
+        return got.stdout
+    if _git(root, "cat-file", "-e", f"{rev}^{{commit}}") is None:
+        raise LineageError(f"commit {rev[:7]} (a run of the study) is not in this repository: DVC keeps "
+                           f"experiment commits under refs/exps, which a clone does not fetch; where the study "
+                           f"ran, `ragteam replicate keep <its experiments>` puts them in the branch's history")
+    return None
+
+
+def json_at(root: str | Path, rev: str, path: str) -> Any:
+    """A git-tracked JSON record as commit `rev` holds it (None where it has none): `git_show`, parsed."""
+    text = git_show(root, rev, path)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LineageError(f"{rev[:7]}:{path}: not JSON ({e})") from None
+
+
 def experiment_commit(root: str | Path, name: str) -> str:
     """The commit of DVC experiment `name` (its ref `refs/exps/../<name>`), or of any git revision `name`."""
     refs = _git(root, "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps") or ""
