@@ -154,3 +154,48 @@ def test_every_pin_of_the_cuda_worker_lock_exists_on_pypi_for_its_platform(tmp_p
     would = {canonicalize_name(m.group(1)): m.group(2)
              for m in re.finditer(r"^ \+ ([A-Za-z0-9._\-]+)==(\S+)$", done.stderr + done.stdout, re.M)}
     assert would == {n: v for n, (v, _) in locked(ROOT / "requirements-worker-cuda.txt").items()}
+
+
+def _gpu_requirements() -> list[Requirement]:
+    lines = (ROOT / "requirements-gpu.txt").read_text().splitlines()
+    return [Requirement(line.split("#")[0].strip()) for line in lines if line.split("#")[0].strip()]
+
+
+def test_the_gpu_training_lock_pins_every_gpu_requirement_and_cuda_torch_with_hashes():
+    """requirements-gpu.txt (OpenRLHF's environment) is locked by scripts/lock_gpu.sh into two hashed files: the
+    wheels, and the source builds that need the installed torch (flash-attn). Every requirement is pinned inside its
+    range in one of them, torch at the header's TORCH pin as PyPI's CUDA build, and no package in both."""
+    wheels, built = locked(ROOT / "requirements-gpu.lock"), locked(ROOT / "requirements-gpu-built.lock")
+    assert len(wheels) > 200 and not wheels.keys() & built.keys()
+    both = wheels | built
+    assert not [n for n, (_, hashes) in both.items() if not hashes], "run scripts/lock_gpu.sh"
+    wrong = outside_the_lock(_gpu_requirements(), both, "requirements-gpu.lock / requirements-gpu-built.lock")
+    assert not wrong, f"requirements-gpu.txt and its lock disagree (rerun scripts/lock_gpu.sh): {wrong}"
+    torch_pin = re.search(r"^# TORCH torch==(\S+)", (ROOT / "requirements-gpu.txt").read_text(), re.M).group(1)
+    assert wheels["torch"][0] == torch_pin and "+" not in torch_pin, "rerun scripts/lock_gpu.sh"
+    assert [n for n in wheels if n.startswith("nvidia-cuda-runtime")], "no CUDA runtime in the GPU lock"
+    script = (ROOT / "scripts/lock_gpu.sh").read_text()
+    assert set(built) == set(re.search(r'^BUILT="([^"]*)"', script, re.M).group(1).split()) == {"flash-attn"}
+    header = (ROOT / "requirements-gpu.txt").read_text()
+    assert "--require-hashes -r requirements-gpu.lock" in header
+    assert "--require-hashes --no-build-isolation -r requirements-gpu-built.lock" in header
+
+
+def test_every_wheel_of_the_gpu_training_lock_exists_on_pypi_for_its_platform(tmp_path):
+    """As for the CUDA worker lock: uv resolves every pinned file of requirements-gpu.lock for CPython 3.11 on x86_64
+    manylinux_2_28 from PyPI with its hash, --no-deps as its header installs it (flash-attn, a source build, is the
+    other file's)."""
+    import subprocess
+    import sys
+
+    uv = Path(sys.executable).parent / "uv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    done = subprocess.run([str(uv), "pip", "install", "--no-config", "--index-url", "https://pypi.org/simple",
+                           "--dry-run", "--no-deps", "--require-hashes", "--python", str(tmp_path / "venv/bin/python"),
+                           "--python-platform", "x86_64-manylinux_2_28", "--python-version", "3.11",
+                           "-r", str(ROOT / "requirements-gpu.lock")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    would = {canonicalize_name(m.group(1)): m.group(2)
+             for m in re.finditer(r"^ \+ ([A-Za-z0-9._\-]+)==(\S+)$", done.stderr + done.stdout, re.M)}
+    assert would == {n: v for n, (v, _) in locked(ROOT / "requirements-gpu.lock").items()}
