@@ -137,9 +137,9 @@ def test_the_two_worker_locks_agree_but_where_cuda_vllm_pins_otherwise():
     assert differ == free, f"{sorted(free - differ)} agree now: take them out of FREE in scripts/lock_worker_cuda.sh"
 
 
-def test_every_pin_of_the_cuda_worker_lock_exists_on_pypi_for_its_platform(tmp_path):
-    """The lock is installable where it is meant to be, though no GPU host here builds it: uv resolves every pinned
-    file for CPython 3.11 on x86_64 manylinux_2_28 from PyPI with its hash, --no-deps as setup installs it."""
+def _uv_installs_every_pin_from_pypi(lock_file: Path, tmp_path: Path) -> None:
+    """uv resolves every pinned file of `lock_file` for CPython 3.11 on x86_64 manylinux_2_28 from PyPI with its hash,
+    --no-deps as setup installs it, and would install exactly the lock's versions."""
     import subprocess
     import sys
 
@@ -148,12 +148,17 @@ def test_every_pin_of_the_cuda_worker_lock_exists_on_pypi_for_its_platform(tmp_p
     done = subprocess.run([str(uv), "pip", "install", "--no-config", "--index-url", "https://pypi.org/simple",
                            "--dry-run", "--no-deps", "--require-hashes", "--python", str(tmp_path / "venv/bin/python"),
                            "--python-platform", "x86_64-manylinux_2_28", "--python-version", "3.11",
-                           "-r", str(ROOT / "requirements-worker-cuda.txt")],
+                           "-r", str(lock_file)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     would = {canonicalize_name(m.group(1)): m.group(2)
              for m in re.finditer(r"^ \+ ([A-Za-z0-9._\-]+)==(\S+)$", done.stderr + done.stdout, re.M)}
-    assert would == {n: v for n, (v, _) in locked(ROOT / "requirements-worker-cuda.txt").items()}
+    assert would == {n: v for n, (v, _) in locked(lock_file).items()}
+
+
+def test_every_pin_of_the_cuda_worker_lock_exists_on_pypi_for_its_platform(tmp_path):
+    """The lock is installable where it is meant to be, though no GPU host here builds it."""
+    _uv_installs_every_pin_from_pypi(ROOT / "requirements-worker-cuda.txt", tmp_path)
 
 
 def _gpu_requirements() -> list[Requirement]:
@@ -182,20 +187,5 @@ def test_the_gpu_training_lock_pins_every_gpu_requirement_and_cuda_torch_with_ha
 
 
 def test_every_wheel_of_the_gpu_training_lock_exists_on_pypi_for_its_platform(tmp_path):
-    """As for the CUDA worker lock: uv resolves every pinned file of requirements-gpu.lock for CPython 3.11 on x86_64
-    manylinux_2_28 from PyPI with its hash, --no-deps as its header installs it (flash-attn, a source build, is the
-    other file's)."""
-    import subprocess
-    import sys
-
-    uv = Path(sys.executable).parent / "uv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
-    done = subprocess.run([str(uv), "pip", "install", "--no-config", "--index-url", "https://pypi.org/simple",
-                           "--dry-run", "--no-deps", "--require-hashes", "--python", str(tmp_path / "venv/bin/python"),
-                           "--python-platform", "x86_64-manylinux_2_28", "--python-version", "3.11",
-                           "-r", str(ROOT / "requirements-gpu.lock")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    would = {canonicalize_name(m.group(1)): m.group(2)
-             for m in re.finditer(r"^ \+ ([A-Za-z0-9._\-]+)==(\S+)$", done.stderr + done.stdout, re.M)}
-    assert would == {n: v for n, (v, _) in locked(ROOT / "requirements-gpu.lock").items()}
+    """As for the CUDA worker lock, for requirements-gpu.lock (flash-attn, a source build, is the other file's)."""
+    _uv_installs_every_pin_from_pypi(ROOT / "requirements-gpu.lock", tmp_path)
