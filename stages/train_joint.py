@@ -25,6 +25,7 @@ from ragteam.llm import LLMConfig
 from ragteam.train.curves import collapsed
 from ragteam.train.ppo import PPOParams, train_joint_ppo
 from ragteam.train.qagent import QAgentTrainParams
+from ragteam.train.systems import JadeTrainParams
 from ragteam.warmup.start import WARMUP_DIR, start_model
 from stages.common import CHECKPOINTS, finish_agent, stage_main
 
@@ -45,18 +46,18 @@ class JointParams(Strict):
     retriever: str                               # index dir or http(s) service the rollouts search
     ppo: dict[str, Any]                          # validated as PPOParams (with each system's overrides)
     mask: JointSystemParams = JointSystemParams()
-    jade: JointSystemParams = JointSystemParams()
+    jade: JadeTrainParams = JadeTrainParams()          # JointSystemParams' fields + JADE's estimator choice
     decor: JointSystemParams = JointSystemParams()
     qagent: QAgentTrainParams = QAgentTrainParams()   # JointSystemParams' fields + QAgent's two-stage GRPO
 
 
-def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams]:
+def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams | JadeTrainParams]:
     """Validate `joint` for `system`: unknown keys anywhere (joint.*, joint.ppo.*, joint.<system>.ppo.*) are errors
     naming the key."""
     jp = parse_section(params, "joint", JointParams)
     if system not in jp.systems:
         raise ParamsError(f"params.yaml: system {system!r} is not in joint.systems {jp.systems}")
-    sp: JointSystemParams = getattr(jp, system)
+    sp: JointSystemParams | JadeTrainParams = getattr(jp, system)
     unknown = sorted(set(sp.ppo) - set(PPOParams.model_fields))
     if unknown:
         raise ParamsError(f"params.yaml: unknown key(s) joint.{system}.ppo.{', joint.{system}.ppo.'.join(unknown)} "
@@ -68,14 +69,17 @@ def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, Joint
 
 
 def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> list:
-    """The curves' layout: rewards per role, losses (the value loss, explained variance and the policy's and the
+    """The curves' layout: rewards per role, the signal (mean |advantage| before and after whitening, the reward's
+    spread within each question's group where there are groups), losses (the value loss, explained variance and the policy's and the
     critic's gradient norms with a critic; the groups trained by dynamic sampling, the policy loss and its gradient
     norm without one), KL, clipping, lengths, format errors, turns, then the system's own figures."""
     learn = (["value_loss", "explained_variance", ("grad norm", ["grad_norm/policy", "grad_norm/critic"])] if critic
              else [("groups (dynamic sampling)", ["groups_trained", "groups_kept", "groups_dropped", "groups_refilled",
                                                   "groups"]), "policy_loss", "grad_norm/policy"])
     own = [s for s in stats if s not in ("turns", "searches")]
-    return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), *learn,
+    signal = [("advantage |A| (raw, trained)", ["advantage_abs_raw", "advantage_abs"]),
+              ("reward spread in groups", ["reward_group_std", "groups_with_spread"])]
+    return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), *signal, *learn,
             ("KL", ["approx_kl", "kl_ref", "kl_start"]), "clip_frac", "response_tokens", "format_error_rate",
             ("turns, searches", ["turns", "searches"]), *([("system figures", own)] if own else [])]
 
@@ -98,7 +102,8 @@ def run(system_name: str, params: dict) -> dict:
     if start != llm.model:   # frozen helper roles on "the base model" stay on the backbone, not on the warm-up's weights
         system = dataclasses.replace(system, frozen_roles={r: p or llm.model for r, p in system.frozen_roles.items()})
     stage = f"train_joint_{system_name}"
-    print(f"{stage}: from {start}, {ppo.steps} steps x {ppo.questions_per_step} questions of {len(rows)}, "
+    group = f" x G {sp.group_size}" if getattr(sp, "group_size", 1) > 1 else ""
+    print(f"{stage}: from {start}, {ppo.steps} steps x {ppo.questions_per_step} questions{group} of {len(rows)}, "
           f"{'critic ' + ppo.critic if system.critic else 'no critic (system advantages)'}, "
           f"LoRA {ppo.lora.enabled}, rollouts {ppo.rollout_backend} on {llm.backend}/{llm.device}", flush=True)
     result = train_joint_ppo(system, rows, start, CHECKPOINTS / stage, ppo, llm, dict(llm.sampling),
@@ -113,7 +118,8 @@ def run(system_name: str, params: dict) -> dict:
     extra: dict[str, Any] = {}
     for col in ("episode_f1", "response_tokens", "format_error_rate", "explained_variance", "value_loss",
                 "clip_frac", "turns", "searches", "groups_trained", "groups_kept", "groups_dropped",
-                "groups_refilled", "grad_norm/policy", "grad_norm/critic", *[f"reward/{r}" for r in system.roles],
+                "groups_refilled", "grad_norm/policy", "grad_norm/critic", "advantage_abs_raw", "reward_group_std",
+                "groups_with_spread", "kl_start", *[f"reward/{r}" for r in system.roles],
                 *[k for k in system.stats if k not in ("turns", "searches")]):
         ys = [r[col] for r in curve if col in r and r[col] == r[col]]
         if ys:
@@ -129,7 +135,7 @@ def run(system_name: str, params: dict) -> dict:
                 "retriever": jp.retriever},
         reward=REWARD_TEXT[system_name], extra_metrics=extra, panels=panels(system.roles, system.critic, list(system.stats)),
         title=(f"{system_name}: joint {'PPO' if system.critic else 'group policy gradient'}, {ppo.steps} steps x "
-               f"{ppo.questions_per_step} questions"),
+               f"{ppo.questions_per_step} questions{group}"),
         notes=(f"One policy for every role ({', '.join(system.roles)}); each AgentCall of a rollout is a sample "
                + (f"(GAE scope {system.gae_scope}, γ {ppo.gamma}, λ {ppo.lam}, critic {ppo.critic}). "
                   if system.critic

@@ -190,13 +190,15 @@ def test_a_null_row_takes_it_out_through_dvc_deletion_and_a_null_typo_is_an_erro
         profile_flags(["typo"], params, tmp_path / "profiles")
 
 
-RECIPES = {"mask": ({"temperature": 0.7, "questions_per_step": 8, "steps": 8, "actor_lr": 2.0e-3, "kl_coef": 0.1},
-                    (96, 0.0, 48, 48)),
-           "jade": ({"temperature": 0.7, "questions_per_step": 8, "steps": 8}, None)}
+RECIPES = {"mask_rl_recipe": ("mask", {"temperature": 0.7, "questions_per_step": 8, "steps": 8, "actor_lr": 2.0e-3,
+                                        "kl_coef": 0.1}, (96, 0.0, 48, 48)),
+           "jade_rl_recipe": ("jade", {"temperature": 0.7, "questions_per_step": 8, "steps": 8}, None),
+           "jade_group_recipe": ("jade", {"temperature": 0.7, "questions_per_step": 2, "steps": 8, "actor_lr": 1.0e-3,
+                                          "kl_coef": 0.1, "normalize_advantages": False}, None)}
 
 
-@pytest.mark.parametrize("system", sorted(RECIPES))
-def test_rl_recipe_profiles_keep_only_their_systems_rows_and_set_the_recipe(tmp_path, system):
+@pytest.mark.parametrize("profile", sorted(RECIPES))
+def test_rl_recipe_profiles_keep_only_their_systems_rows_and_set_the_recipe(tmp_path, profile):
     from pathlib import Path
 
     from ragteam.config import parse_section
@@ -208,12 +210,17 @@ def test_rl_recipe_profiles_keep_only_their_systems_rows_and_set_the_recipe(tmp_
     params = tmp_path / "params.yaml"
     params.write_text((repo / "params.yaml").read_text())
     default = load_params(repo / "params.yaml")
-    merged = _dvc_set(params, profile_flags([f"{system}_rl_recipe"], params, repo / "profiles"))
+    system, ppo, warmup = RECIPES[profile]
+    merged = _dvc_set(params, profile_flags([profile], params, repo / "profiles"))
     rows = set(parse_section(merged, "eval", EvalConfig).systems)
     assert rows == {system, f"{system}_warmup", f"{system}_trained"}
     assert merged["joint"]["systems"] == [system]
-    ppo, warmup = RECIPES[system]
     assert merged["joint"][system]["ppo"] == ppo
+    if profile == "jade_group_recipe":                   # the critic-free estimator over 4 rollouts a question
+        from stages.train_joint import load_joint
+
+        _, _, sp = load_joint(merged, "jade")
+        assert (sp.estimator, sp.group_size, sp.dynamic_sampling.enabled) == ("group", 4, False)
     got = parse_section(merged, "warmup", WarmupParams).for_system(system)
     want = parse_section(default, "warmup", WarmupParams).for_system(system)
     if warmup is None:                                   # the default warm-up

@@ -136,12 +136,107 @@ def test_one_jade_ppo_step_from_rollouts_to_a_checkpoint(tiny_llama, tmp_path):
     assert e["turns"] == 1.0 and e["searches"] == 1.0 and e["decompose_share"] == 0.0 and e["ds_calls"] == 0.0
     assert e["format_error_rate"] == 1.0 and "reward/jade_ag" in e and "r_global" in e
     for key in ("policy_loss", "value_loss", "grad_norm/policy", "grad_norm/critic", "explained_variance",
-                "clip_frac"):
+                "clip_frac", "advantage_abs_raw", "advantage_abs"):
         assert key in e, key
+    # the critic's values make every raw advantage R - V non-zero; whitened they keep a unit-scale magnitude
+    assert e["advantage_abs_raw"] > 0 and 0 < e["advantage_abs"] <= 1.0 + 1e-6
+    assert "reward_group_std" not in e          # one rollout a question: no group to spread in
     # 4 samples in minibatches of 4: one optimiser step moved the LoRA B matrices (zero at init) and the value head
     lora_b = [t for n, t in res.model.named_parameters() if "lora_B" in n]
     assert lora_b and any(float(t.detach().abs().max()) > 0 for t in lora_b)
     assert float(res.extra["value_head"]["bias"].abs().max()) > 0
+
+
+# ---- the critic-free alternative: GRPO's outcome advantage over G rollouts of each question ---------------------
+
+def _group_system(g=2, reply=case_reply):
+    params = {"jade": {"top_k": 5, "reward": REWARD},
+              "joint": {"jade": {"estimator": "group", "group_size": g}}}
+    system = build_system("jade", params, KeywordRetriever(PASSAGES))
+    return system, system.annotate(system.rollout(case_rows(), Team(ScriptedEngine(reply))))
+
+
+def test_group_estimator_by_hand_a_right_and_a_wrong_rollout_of_one_question():
+    from ragteam.train.advantages import outcome_group_advantages
+
+    # one question, two rollouts: right (R_global 0.7, 3 calls) and wrong with a malformed call (0 - 2, 2 calls).
+    # μ = -0.65, sample σ = |0.7 + 1.3| / √2 = 1.41421; A = ±1.35 / (1.41421 + 1e-4) = ±0.70706 on every call
+    adv = outcome_group_advantages([0.7, -1.3], ["q", "q"], [3, 2])
+    assert adv[0] == pytest.approx([0.70706] * 3, abs=1e-5) and adv[1] == pytest.approx([-0.70706] * 2, abs=1e-5)
+    # the right rollout's every call, the round-1 planner included, is pushed up; the wrong one's down
+    # degenerate groups carry no signal: all equal (both empty answers, both stubs) or a rollout alone
+    assert outcome_group_advantages([-1.0, -1.0], ["q", "q"], [1, 1]) == [[0.0], [0.0]]
+    assert outcome_group_advantages([0.7], ["q"], [4]) == [[0.0] * 4]
+    # groups do not mix: a hard question's rollouts are compared with each other only
+    a = outcome_group_advantages([0.7, 0.0, 0.2, 0.1], ["easy", "easy", "hard", "hard"], [1, 1, 1, 1])
+    assert a[0][0] > 0 > a[1][0] and a[2][0] > 0 > a[3][0] and a[2][0] == pytest.approx(a[0][0], abs=1e-3)
+    with pytest.raises(ValueError, match="2 returns for 1 call counts"):
+        outcome_group_advantages([0.1, 0.2], ["q", "q"], [1])
+
+
+def test_group_estimator_rolls_out_each_question_g_times_and_credits_every_call_with_its_episode_return():
+    system, eps = _group_system(g=2, reply=_malformed)
+    assert not system.critic and system.requires == {"normalize_advantages": False}
+    assert [ep.question_id for ep in eps] == [eps[0].question_id] * 2 + [eps[2].question_id] * 2
+    adv = system.advantage(eps)
+    assert [len(a) for a in adv] == [len(ep.calls) for ep in eps]
+    # the scripted engine answers every rollout of a question alike: equal returns, no spread, A = 0 everywhere
+    assert all(x == 0.0 for a in adv for x in a)
+    # make the two rollouts of case 2 differ: the first right (R_global 0.7), the second malformed (0.7 - 2)
+    replies = iter(range(10_000))
+
+    def alternating(role, m):
+        if role == jade.AG and f"Question: {CASE2_Q}" in m[-1]["content"] and next(replies) % 2:
+            return "1982"                               # no tags: a format error, the fallback still answers
+        return case_reply(role, m)
+
+    system, eps = _group_system(g=2, reply=alternating)
+    c2 = [i for i, ep in enumerate(eps) if ep.question == CASE2_Q]
+    from ragteam.train.systems import episode_return
+    rets = [episode_return(eps[i]) for i in c2]
+    assert sorted(rets) == pytest.approx([R2 - 2.0, R2])
+    adv = system.advantage(eps)
+    good, bad = (c2[0], c2[1]) if rets[0] > rets[1] else (c2[1], c2[0])
+    assert all(x == pytest.approx(0.70707, abs=1e-4) for x in adv[good])      # ±(2 / 2) / (√2 + 1e-4)
+    assert all(x == pytest.approx(-0.70707, abs=1e-4) for x in adv[bad])
+    c1 = [i for i, ep in enumerate(eps) if ep.question == CASE1_Q]
+    assert all(x == 0.0 for i in c1 for x in adv[i])     # case 1's two rollouts are equal: no signal
+
+
+def test_group_estimator_params_are_checked():
+    from ragteam.config import ParamsError
+
+    for bad, match in (({"estimator": "group", "group_size": 1}, "group_size >= 2"),
+                       ({"estimator": "gae", "group_size": 4}, "apply to estimator group only"),
+                       ({"estimator": "critic"}, "estimator")):
+        with pytest.raises(ParamsError, match=match):
+            build_system("jade", {"jade": {"reward": REWARD}, "joint": {"jade": bad}}, KeywordRetriever(PASSAGES))
+
+
+def test_one_group_step_logs_the_spread_in_groups_and_the_advantage_magnitude(tiny_llama, tmp_path):
+    from ragteam.llm import EngineConfig, SamplingConfig
+    from ragteam.train.ppo import PPOParams, train_joint_ppo
+
+    params = {"jade": {"top_k": 2, "passage_words": 8, "reward": {"format_penalty": 1.0}},
+              "joint": {"jade": {"estimator": "group", "group_size": 3}}}
+    system = build_system("jade", params, KeywordRetriever(PASSAGES))
+    rows = [{"id": "c1", "question": CASE1_Q, "golden_answers": ["American"]},
+            {"id": "c2", "question": CASE2_Q, "golden_answers": ["1982"]}]
+    p = PPOParams(steps=1, questions_per_step=2, minibatch_size=16, micro_batch_size=4, actor_lr=1e-2,
+                  critic_lr=1e-2, normalize_advantages=False, temperature=1.0,
+                  lora={"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1})
+    res = train_joint_ppo(system, rows, str(tiny_llama), tmp_path / "ckpt", p,
+                          EngineConfig(device="cpu", threads=1, batch_size=4),
+                          {"default": SamplingConfig(max_new_tokens=5)})
+    (e,) = res.log_history
+    assert e["calls_per_episode"] == 2.0 and "value_loss" not in e and "explained_variance" not in e
+    # 2 questions x 3 rollouts; a random model fails every format alike: no spread, every advantage 0
+    assert e["reward_group_std"] == 0.0 and e["groups_with_spread"] == 0.0
+    assert e["advantage_abs_raw"] == e["advantage_abs"] == 0.0 and e["zero_advantage"] == 1.0
+    with pytest.raises(ValueError, match="normalize_advantages"):
+        train_joint_ppo(system, rows, str(tiny_llama), tmp_path / "ckpt2", p.model_copy(
+            update={"normalize_advantages": True}), EngineConfig(device="cpu", threads=1, batch_size=4),
+            {"default": SamplingConfig(max_new_tokens=5)})
 
 
 # ---- the shipped params and pipeline entries ----------------------------------------------------------------------

@@ -7,6 +7,8 @@
   Which scope a system uses is the system's (`JointSystem.gae_scope`), never a param.
 - `group_normalized` (GRPO, QAgent, DECOR Eq. 6, shared-prefix GRPO): (r - mean of the group) / (std of the group
   + eps), one scalar per sample; the std convention and eps are the caller's, named after its paper.
+- `outcome_group_advantages` (JADE with `joint.jade.estimator: group`): GRPO's outcome supervision over multi-call
+  episodes, each episode's return group-normalised and broadcast to all its calls; no critic.
 
 Only `gae` and `episode_gae` need torch (imported there): DECOR's estimator stays a pure function of numbers.
 """
@@ -112,3 +114,17 @@ def group_normalized(rewards: Sequence[float], groups: Sequence[Hashable], *, st
         for i, x in zip(idx, xs):
             out[i] = (x - mu) / (sigma + eps)
     return out
+
+
+def outcome_group_advantages(returns: Sequence[float], groups: Sequence[Hashable], calls: Sequence[int], *,
+                             std: StdConvention = "sample", eps: float = 1e-4) -> list[list[float]]:
+    """GRPO's outcome supervision over multi-call episodes: episode i's return R_i is normalised within its group
+    (the G rollouts of one question), A_i = (R_i − μ_g) / (σ_g + eps) (`group_normalized`), and every one of its
+    `calls[i]` calls gets A_i (DeepSeekMath §4.1.2: "sets the advantages of all tokens in the output as the
+    normalized reward"; here the output is the episode's whole call sequence). No critic: what a question's
+    difficulty adds to every rollout of it cancels in R_i − μ_g. Defaults: TRL's GRPO (sample std) and the
+    project's GRPO ε."""
+    if len(calls) != len(returns):
+        raise ValueError(f"outcome_group_advantages: {len(returns)} returns for {len(calls)} call counts")
+    adv = group_normalized(returns, groups, std=std, eps=eps)
+    return [[a] * n for a, n in zip(adv, calls)]

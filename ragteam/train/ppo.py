@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import statistics
 import time
 import warnings
 from collections import defaultdict
@@ -560,13 +561,14 @@ def single_pass(p: PPOParams, n_samples: int) -> bool:
     return p.ppo_epochs == 1 and p.minibatch_size >= n_samples and p.kl_coef == 0
 
 
-def assign_advantages(samples: Sequence[Sample], p: PPOParams, scope: Scope) -> None:
+def assign_advantages(samples: Sequence[Sample], p: PPOParams, scope: Scope, whiten: bool | None = None) -> None:
     """Step 5: per-token advantages and returns of every sample, from its reward and the critic's values.
 
     The samples are grouped by episode (each episode with its own number of calls), kept in call order, and GAE runs
     within each call (`scope="call"`) or over the episode's flattened call sequence (`"episode"`); the scope is the
     system's (`JointSystem.gae_scope`). Then, with `normalize_advantages`, the advantages are whitened over every
-    response token of the batch."""
+    response token of the batch (`whiten`: None follows the param; the trainer whitens itself, after logging the
+    raw magnitude)."""
     from ragteam.train.advantages import episode_gae
 
     by_ep: dict[int, list[Sample]] = defaultdict(list)
@@ -577,8 +579,21 @@ def assign_advantages(samples: Sequence[Sample], p: PPOParams, scope: Scope) -> 
         for s, (a, r) in zip(ss, episode_gae([s.reward for s in ss], [s.values for s in ss], p.gamma, p.lam,
                                              scope=scope)):
             s.advantages, s.returns = a, r
-    if p.normalize_advantages:
+    if p.normalize_advantages if whiten is None else whiten:
         whiten_advantages(samples)
+
+
+def advantage_abs(samples: Sequence[Sample]) -> float:
+    """Mean |advantage| over the response tokens the loss counts (the `advantage_abs` curves): 0 means no signal."""
+    total, n = 0.0, 0
+    for s in samples:
+        if s.advantages is None:
+            continue
+        a = [abs(float(x)) for x in s.advantages]
+        m = s.mask if s.mask is not None else [1] * len(a)
+        total += sum(x for x, k in zip(a, m) if k)
+        n += sum(1 for k in m if k)
+    return total / n if n else 0.0
 
 
 def whiten_advantages(samples: Sequence[Sample]) -> None:
@@ -759,10 +774,11 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
                 raise ValueError(f"{system.name}: the estimator gave no advantage to a {s.role} call (episode "
                                  f"{episodes[s.episode].episode_id}, call {s.call}), a trained role")
             s.advantages = torch.full((len(s.response_ids),), float(a))
-        if p.normalize_advantages:
-            whiten_advantages(samples)
     else:
-        assign_advantages(samples, p, system.gae_scope)   # GAE within each call or over the episode, then whitening
+        assign_advantages(samples, p, system.gae_scope, whiten=False)   # GAE within each call or over the episode
+    raw_abs = advantage_abs(samples)         # before whitening: how much signal the estimator found
+    if system.advantage != "group" and p.normalize_advantages:    # whitened over the batch (QAgent's never)
+        whiten_advantages(samples)
     # 6. PPO epochs over role-mixed minibatches
     stats = ppo_update(ac_wrapped, opt, samples, p, pad_id, device, step, ref_available=p.kl_coef > 0,
                        backward=accel.backward, clip=accel.clip_grad_norm_, ckpt_dir=ckpt_dir, name=system.name,
@@ -771,6 +787,8 @@ def _update(system: JointSystem, p: PPOParams, samples: list[Sample], episodes: 
         s.hidden = None
     for k, v in mismatch.items():
         stats[k] = [v]
+    stats["advantage_abs_raw"] = [raw_abs]
+    stats["advantage_abs"] = [advantage_abs(samples)]
     if kl_tokens:
         stats["kl_start"] = [kl_sum / kl_tokens]
     return stats
@@ -1006,7 +1024,18 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
     elif samples and all(s.advantages is not None for s in samples):   # critic-free: zero advantage = no signal
         entry["zero_advantage"] = mean([float(abs(float(s.advantages[0])) < 1e-8) if len(s.advantages) else 1.0
                                         for s in samples])
-    for k in ("policy_loss", "value_loss", "clip_frac", "approx_kl", "value_clip_frac", "kl_ref", "kl_start",
+    # the spread of the team reward within each question's group of rollouts (systems with G > 1 per question):
+    # 0 in every group means every advantage of a group estimator is 0
+    returns: dict[str, list[float]] = defaultdict(list)
+    for ep in episodes:
+        if any(c.reward is not None for c in ep.calls):
+            returns[ep.question_id].append(sum(c.reward for c in ep.calls if c.reward is not None))
+    spreads = [statistics.pstdev(rs) for rs in returns.values() if len(rs) > 1]
+    if spreads:
+        entry["reward_group_std"] = mean(spreads)
+        entry["groups_with_spread"] = mean([float(x > 1e-9) for x in spreads])
+    for k in ("advantage_abs", "advantage_abs_raw", "policy_loss", "value_loss", "clip_frac", "approx_kl",
+              "value_clip_frac", "kl_ref", "kl_start",
               "grad_norm/policy", "grad_norm/critic", "ratio_mean", "is_weight_mean", "engine_logp_abs_diff",
               "engine_logp_max_abs_diff"):
         if stats.get(k):

@@ -11,15 +11,20 @@ the GAE scope, so it is the system's, not a param:
   official code makes every call its own verl sample with the reward on its last token, i.e. GAE within the call
   (notes m-ask.md §11).
 - JADE `episode`: R_global (Eq. 6) sits on the terminal call alone; only GAE over the flattened calls (Alg. 2) carries
-  it back, through the critic, to the planner and executors that produced it.
+  it back, through the critic, to the planner and executors that produced it. `joint.jade.estimator: group` (not
+  the paper's) replaces the critic by GRPO's outcome advantage over `group_size` rollouts of each question: the
+  episode's return, normalised within its group, on every call (`JadeTrainParams`).
 - DECOR and QAgent have no critic: their group estimators (Eq. 6; QAgent Eq. 3) give every call its advantage.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
-from ragteam.config import ParamsError, parse_section
+from pydantic import Field, model_validator
+
+from ragteam.agents.decor_workflow import DynamicSamplingConfig
+from ragteam.config import ParamsError, Strict, parse_section
 from ragteam.llm import Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
@@ -61,6 +66,52 @@ JADE_STATS: dict[str, Callable[[Episode], float]] = {
 }
 
 
+class JadeTrainParams(Strict):
+    """params.yaml `joint.jade`: the fields every `joint.<system>` has (`max_questions`, `ppo` overrides of
+    `joint.ppo`, see stages.train_joint) and JADE's choice of advantage estimator.
+
+    `estimator: gae` is the paper's (Alg. 2: PPO with a critic, GAE over the episode's flattened calls, one rollout
+    per question). `group` is this project's critic-free alternative for a backbone whose critic explains nothing
+    (explained variance <= 0 over the CPU recipe's steps): `group_size` rollouts of each question, each episode's
+    return (the sum of its calls' rewards: R_global and the Eq. 7 format penalties) normalised within its group
+    (`ragteam.train.advantages.outcome_group_advantages`) and given to every call; a step then trains
+    `questions_per_step` x `group_size` episodes. `dynamic_sampling` (DAPO, off by default) trains only the groups
+    whose returns vary and refills the step, as DECOR's and QAgent's do."""
+
+    max_questions: int = Field(0, ge=0)           # first n questions of the training pool; 0 = all
+    ppo: dict[str, Any] = Field(default_factory=dict)
+    estimator: Literal["gae", "group"] = "gae"
+    group_size: int = Field(1, ge=1)              # rollouts per question; >= 2 with estimator group, 1 with gae
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=lambda: DynamicSamplingConfig(enabled=False))
+
+    @model_validator(mode="after")
+    def _check(self) -> JadeTrainParams:
+        if self.estimator == "group" and self.group_size < 2:
+            raise ValueError(f"estimator group needs group_size >= 2 (one rollout of a question has no group to "
+                             f"normalise within), got {self.group_size}")
+        if self.estimator == "gae" and (self.group_size != 1 or self.dynamic_sampling.enabled):
+            raise ValueError("group_size and dynamic_sampling apply to estimator group only; estimator gae rolls "
+                             "out each question once (set estimator: group, or group_size: 1 and dynamic_sampling "
+                             "enabled: false)")
+        return self
+
+
+def episode_return(ep: Episode) -> float:
+    """The sum of an episode's call rewards (JADE: R_global on the terminal call plus the format rewards)."""
+    missing = [i for i, c in enumerate(ep.calls) if c.reward is None]
+    if missing:
+        raise ValueError(f"episode {ep.episode_id}: call(s) {missing} have no reward (annotate first)")
+    return float(sum(c.reward for c in ep.calls))
+
+
+def jade_group_advantages(episodes: Sequence[Episode]) -> list[list[float | None]]:
+    """JADE's critic-free estimator (`JadeTrainParams`): every call of episode i gets its group-normalised return."""
+    from ragteam.train.advantages import outcome_group_advantages
+
+    return outcome_group_advantages([episode_return(ep) for ep in episodes], [ep.question_id for ep in episodes],
+                                    [len(ep.calls) for ep in episodes])
+
+
 def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     """JADE (§3.4, Algorithm 2): the planner and the six LLM executors of `ragteam.agents.jade`, rolled out with
     Algorithm 1 (`run_jade`: JADE's training rollout is its inference procedure), rewarded by Eq. 6-8
@@ -72,21 +123,43 @@ def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     from ragteam.agents import jade as J
     from ragteam.agents.jade_workflow import JadeConfig, run_jade
     from ragteam.rewards.jade import assign_rewards
+    from ragteam.train.decor_adv import dynamic_sampling
 
     cfg = parse_section(params, "jade", JadeConfig)
+    # joint.jade, when given (the stage always has it; a caller without it trains the paper's way)
+    tp = (parse_section(params, "joint.jade", JadeTrainParams) if "jade" in (params.get("joint") or {})
+          else JadeTrainParams())
 
     def annotate(episodes: list[Episode]) -> list[Episode]:
         for ep in episodes:
             assign_rewards(ep, cfg.reward)
         return episodes
 
+    describe = {"workflow": "ragteam.agents.jade_workflow.run_jade", "jade": cfg.model_dump(),
+                "reward": "JADE Eq. 6-8 (ragteam.rewards.jade.assign_rewards)"}
+    if tp.estimator == "gae":
+        return JointSystem(
+            name="jade", roles=J.ROLES,
+            rollout=lambda rows, team: run_jade(rows, team, retriever, cfg, system="jade"),
+            annotate=annotate, stats=JADE_STATS,
+            gae_scope="episode",      # R_global on the terminal call only: Alg. 2's GAE over the flattened calls
+            describe=describe,
+        )
+    ds = tp.dynamic_sampling
     return JointSystem(
         name="jade", roles=J.ROLES,
-        rollout=lambda rows, team: run_jade(rows, team, retriever, cfg, system="jade"),
-        annotate=annotate, stats=JADE_STATS,
-        gae_scope="episode",      # R_global on the terminal call only: Alg. 2's GAE over the flattened calls
-        describe={"workflow": "ragteam.agents.jade_workflow.run_jade", "jade": cfg.model_dump(),
-                  "reward": "JADE Eq. 6-8 (ragteam.rewards.jade.assign_rewards)"},
+        # G copies of each question, consecutive; Episode.question_id (the row id) is the group
+        rollout=lambda rows, team: run_jade([r for r in rows for _ in range(tp.group_size)], team, retriever, cfg,
+                                            system="jade"),
+        annotate=annotate, stats=JADE_STATS, advantage=jade_group_advantages,
+        select=(lambda eps: dynamic_sampling(eps, lambda ep: {"episode": episode_return(ep)})) if ds.enabled else None,
+        max_rollout_rounds=ds.max_rounds if ds.enabled else 1,
+        requires={"normalize_advantages": False},   # the group normalisation is the only one (GRPO's)
+        describe={**describe, "estimator": f"group of {tp.group_size} rollouts per question",
+                  "advantage": "ragteam.train.systems.jade_group_advantages (GRPO outcome advantage, no critic)",
+                  "dynamic_sampling": ("ragteam.train.decor_adv.dynamic_sampling (the episode return varies in the "
+                                       f"group), refilled up to {ds.max_rounds} rollouts per step")
+                  if ds.enabled else "off"},
     )
 
 
