@@ -6,7 +6,9 @@ system ... the step where reward stops rising").
 <rev>:<path>`, from the runs a saved `dvc exp show --json` names (the same runs `ragteam replicate joint-summary
 --exp-json` reads, refused alike where they differ in more than their seeds), and writes per seed the step-by-step table of what the issue asks to see: team reward, episode
 F1 of the sampled rollouts, format errors per call, policy and critic grad norms, KL to the start model (`kl_start`,
-k3 estimate before each step's update), clip fraction, explained variance; then the seeds' mean per step.
+k3 estimate before each step's update), clip fraction, explained variance, and, where a run logged them (from
+39fe282), the mean |advantage| before whitening and, for a recipe that rolls each question out several times, the
+reward's sd within a question's group and the share of groups with any spread; then the seeds' mean per step.
 
 The step where reward stops rising: the last step of the highest 3-step moving mean of the reward (the mean of steps
 k-2..k, from k = 3), per seed. With 8 questions a step, each step's reward is largely which questions it drew, so
@@ -34,6 +36,9 @@ CURVES = {                         # column -> TSV (DVCLive writes `a/b` as `a.b
     "KL to start": "kl_start",
     "clip fraction": "clip_frac",
     "explained variance": "explained_variance",
+    "reward sd in group": "reward_group_std",      # only where a question has several rollouts
+    "groups with spread": "groups_with_spread",
+    "|advantage| before whitening": "advantage_abs_raw",
 }
 WINDOW = 3
 
