@@ -39,6 +39,7 @@ CURVES = {                         # column -> TSV (DVCLive writes `a/b` as `a.b
     "reward sd in group": "reward_group_std",      # only where a question has several rollouts
     "groups with spread": "groups_with_spread",
     "|advantage| before whitening": "advantage_abs_raw",
+    "optimiser steps": "optimizer_steps",          # ppo_epochs x minibatches a step (logged since 2026-12-03)
 }
 WINDOW = 3
 

@@ -127,6 +127,7 @@ def run(system_name: str, params: dict) -> dict:
             extra[f"{col}_first"], extra[f"{col}_last"] = round(sum(ys[:q]) / q, 4), round(sum(ys[-q:]) / q, 4)
     extra["collapsed"] = collapsed(curve, window=ppo.collapse_window, drop=ppo.collapse_drop)
     extra["nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in curve)
+    extra["optimizer_steps"] = sum(int(r.get("optimizer_steps", 0)) for r in curve)
     extra["questions"] = len(rows)
     return finish_agent(
         result, curve, stage=stage, agent=system_name, base_model=start,

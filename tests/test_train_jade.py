@@ -233,6 +233,13 @@ def test_one_group_step_logs_the_spread_in_groups_and_the_advantage_magnitude(ti
     # 2 questions x 3 rollouts; a random model fails every format alike: no spread, every advantage 0
     assert e["reward_group_std"] == 0.0 and e["groups_with_spread"] == 0.0
     assert e["advantage_abs_raw"] == e["advantage_abs"] == 0.0 and e["zero_advantage"] == 1.0
+    # 12 calls in one minibatch of 16, one epoch: one on-policy optimiser step, where nothing can clip
+    assert e["optimizer_steps"] == 1.0 and e["clip_frac"] == 0.0
+    more = train_joint_ppo(system, rows, str(tiny_llama), tmp_path / "ckpt3",
+                           p.model_copy(update={"ppo_epochs": 2, "minibatch_size": 5}),
+                           EngineConfig(device="cpu", threads=1, batch_size=4),
+                           {"default": SamplingConfig(max_new_tokens=5)})
+    assert more.log_history[0]["optimizer_steps"] == 6.0        # 2 epochs x ceil(12 / 5) minibatches
     with pytest.raises(ValueError, match="normalize_advantages"):
         train_joint_ppo(system, rows, str(tiny_llama), tmp_path / "ckpt2", p.model_copy(
             update={"normalize_advantages": True}), EngineConfig(device="cpu", threads=1, batch_size=4),

@@ -1042,4 +1042,6 @@ def _step_log(step: int, episodes: Sequence[Episode], samples: Sequence[Sample],
             entry[k] = mean(stats[k])
     if "nonfinite_grad" in stats:             # optimiser steps skipped for a NaN/inf gradient
         entry["nonfinite_grad_steps"] = float(sum(stats["nonfinite_grad"]))
+        # ppo_epochs x minibatches: at 1 the update is one on-policy step (ratio 1), so clip_frac is 0 by construction
+        entry["optimizer_steps"] = float(len(stats["nonfinite_grad"]))
     return entry
