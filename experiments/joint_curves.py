@@ -8,7 +8,8 @@ system ... the step where reward stops rising").
 F1 of the sampled rollouts, format errors per call, policy and critic grad norms, KL to the start model (`kl_start`,
 k3 estimate before each step's update), clip fraction, explained variance, and, where a run logged them (from
 39fe282), the mean |advantage| before whitening and, for a recipe that rolls each question out several times, the
-reward's sd within a question's group and the share of groups with any spread; then the seeds' mean per step.
+reward's sd within a question's group and the share of groups with any spread, and the optimiser steps a step took
+(at 1 the update is on-policy and the clip fraction is 0 by construction); then the seeds' mean per step.
 
 The step where reward stops rising: the last step of the highest 3-step moving mean of the reward (the mean of steps
 k-2..k, from k = 3), per seed. With 8 questions a step, each step's reward is largely which questions it drew, so

@@ -201,6 +201,7 @@ def run_qagent(params: dict) -> dict:
         extra[f"{s}/truncated"] = round(sum(r.get("truncated", 0.0) for r in rs) / max(len(rs), 1), 4)
         extra[f"{s}_seconds"] = round(sum(r.get("step_seconds", 0.0) for r in rs), 1)
         extra[f"{s}/nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in rs)
+        extra[f"{s}/optimizer_steps"] = sum(int(r.get("optimizer_steps", 0)) for r in rs)
     return finish_agent(
         result, curve, stage=stage, agent="qagent", base_model=start,
         backend=f"ragteam joint loop, multi-turn GRPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
