@@ -25,7 +25,7 @@ from ragteam.llm import LLMConfig
 from ragteam.train.curves import collapsed
 from ragteam.train.ppo import PPOParams, train_joint_ppo
 from ragteam.train.qagent import QAgentTrainParams
-from ragteam.train.systems import JadeTrainParams
+from ragteam.train.systems import JadeTrainParams, MaskTrainParams
 from ragteam.warmup.start import WARMUP_DIR, start_model
 from stages.common import CHECKPOINTS, finish_agent, stage_main
 
@@ -45,19 +45,19 @@ class JointParams(Strict):
     systems: list[str] = Field(min_length=1)
     retriever: str                               # index dir or http(s) service the rollouts search
     ppo: dict[str, Any]                          # validated as PPOParams (with each system's overrides)
-    mask: JointSystemParams = JointSystemParams()
+    mask: MaskTrainParams = MaskTrainParams()          # JointSystemParams' fields + M-ASK's estimator choice
     jade: JadeTrainParams = JadeTrainParams()          # JointSystemParams' fields + JADE's estimator choice
     decor: JointSystemParams = JointSystemParams()
     qagent: QAgentTrainParams = QAgentTrainParams()   # JointSystemParams' fields + QAgent's two-stage GRPO
 
 
-def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams | JadeTrainParams]:
+def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams | MaskTrainParams | JadeTrainParams]:
     """Validate `joint` for `system`: unknown keys anywhere (joint.*, joint.ppo.*, joint.<system>.ppo.*) are errors
     naming the key."""
     jp = parse_section(params, "joint", JointParams)
     if system not in jp.systems:
         raise ParamsError(f"params.yaml: system {system!r} is not in joint.systems {jp.systems}")
-    sp: JointSystemParams | JadeTrainParams = getattr(jp, system)
+    sp: JointSystemParams | MaskTrainParams | JadeTrainParams = getattr(jp, system)
     unknown = sorted(set(sp.ppo) - set(PPOParams.model_fields))
     if unknown:
         raise ParamsError(f"params.yaml: unknown key(s) joint.{system}.ppo.{', joint.{system}.ppo.'.join(unknown)} "

@@ -330,3 +330,106 @@ def test_kl_to_the_start_model_is_zero_before_the_first_update_and_grows_once_rl
     assert "kl_ref" not in res.log_history[0]           # kl_coef 0: a curve only, no KL term in the loss
     off = _train(tmp_path / "off", tiny_llama, _mask(), steps=1, log_kl_to_start=False)
     assert "kl_start" not in off.log_history[0]
+
+
+# ---- M-ASK without a critic: each call's own reward within its question's rollouts (joint.mask.estimator: group) --
+
+MASK_GROUP = {"mask": {"max_turns": 2, "top_k": 2}, "joint": {"mask": {"estimator": "group", "group_size": 2}}}
+
+
+def _mask_group_rollouts(turn1_answer: str):
+    """One question, 2 rollouts (the group): a_0 = Paris, turn 2 and the final answer Xville, as above; turn 1's
+    answer a_1 is Xville in the first rollout and `turn1_answer` in the second (the prompts are equal, so the
+    scripted engine alternates by call)."""
+    from ragteam.train.systems import build_system
+
+    seen = iter(range(10_000))
+
+    def reply(role, messages):
+        user = messages[-1]["content"]
+        if role == M.ANSWER and "Long river" not in user:
+            return turn1_answer if next(seen) % 2 else "<predicted_answer>Xville</predicted_answer>"
+        return mask_reply(role, messages)
+
+    system = build_system("mask", MASK_GROUP, KeywordRetriever(PASSAGES))
+    rows = [{"id": "q", "question": RIGHT_Q, "golden_answers": ["Xville"]}]
+    return system, system.annotate(system.rollout(rows, Team(ScriptedEngine(reply))))
+
+
+def test_mask_group_estimator_by_hand_a_right_and_a_wrong_turn1_answer():
+    """Rewards (Eq. 2-3), right a_1 [0 | 1 1 1 1 | 0 0 0 1], wrong a_1 [0 | 0 0 0 0 | 1 1 1 1]. Pools of 2 calls
+    (same role, same turn): {1, 0} -> μ = .5, sample σ = .70711, A = ±.5 / (.70711 + 1e-4) = ±.70701; {0, 0} and
+    {1, 1} -> 0. The right turn-1 Answer (and the turn-1 Search, Summary and Update that led to it) gets +.707, the
+    wrong one −.707; turn 2's calls of the wrong rollout, whose search fixed the answer, get +.707 (Eq. 3's ΔF1);
+    Planning, equal in both, gets nothing."""
+    system, (right, wrong) = _mask_group_rollouts("<predicted_answer>Paris</predicted_answer>")
+    assert not system.critic and system.requires == {"normalize_advantages": False}
+    assert right.question_id == wrong.question_id == "q"
+    assert [c.reward for c in right.calls] == [0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert [c.reward for c in wrong.calls] == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    a = 0.70701
+    right_adv, wrong_adv = system.advantage([right, wrong])
+    assert right_adv == pytest.approx([0.0, a, a, a, a, -a, -a, -a, 0.0], abs=1e-5)
+    assert wrong_adv == pytest.approx([0.0, -a, -a, -a, -a, a, a, a, 0.0], abs=1e-5)
+    # the turn-1 Answer's advantage depends on its own answer only: the same pools with the rollouts swapped
+    assert system.advantage([wrong, right]) == [wrong_adv, right_adv]
+
+
+def test_mask_group_estimator_on_degenerate_outputs():
+    from ragteam.train.systems import mask_group_advantages
+
+    # an empty answer tag at turn 1 scores below the right answer, never above it (F1 0, or the format penalty)
+    system, (right, empty) = _mask_group_rollouts("<predicted_answer></predicted_answer>")
+    ans1 = [next(i for i, c in enumerate(ep.calls) if c.role == M.ANSWER and c.meta["turn"] == 1)
+            for ep in (right, empty)]
+    r_adv, e_adv = system.advantage([right, empty])
+    assert empty.calls[ans1[1]].reward < right.calls[ans1[0]].reward
+    assert e_adv[ans1[1]] < 0 < r_adv[ans1[0]]
+    # every call malformed in both rollouts (stubs): equal rewards -1 in every pool, no signal anywhere
+    eps, _, _ = _garbled_pair()
+    assert all(c.reward == -1.0 for ep in eps for c in ep.calls)
+    assert all(x == 0.0 for adv in mask_group_advantages(eps) for x in adv)
+    # a rollout alone (no other rollout of its question) has no group: 0; a call without a reward is refused
+    assert all(x == 0.0 for x in mask_group_advantages([right])[0])
+    right.calls[0].reward = None
+    with pytest.raises(ValueError, match="without a reward"):
+        mask_group_advantages([right, empty])
+
+
+def _garbled_pair():
+    from ragteam.train.systems import build_system
+
+    system = build_system("mask", MASK_GROUP, KeywordRetriever(PASSAGES))
+    rows = [{"id": "g", "question": "garbled question about Xland?", "golden_answers": ["Xville"]}]
+    eps = system.annotate(system.rollout(rows, Team(ScriptedEngine(mask_reply))))
+    return eps, system, rows
+
+
+def test_mask_group_estimator_params_and_rollouts():
+    from ragteam.config import ParamsError
+    from ragteam.train.systems import build_system
+
+    eps, system, _ = _garbled_pair()
+    assert [ep.question_id for ep in eps] == ["g", "g"]          # G = 2 consecutive rollouts of the one question
+    assert "mask_group_advantages" in system.describe["advantage"]
+    gae = build_system("mask", {"mask": MASK_GROUP["mask"]}, KeywordRetriever(PASSAGES))
+    assert gae.critic and gae.gae_scope == "call"                 # the default: the paper's critic
+    for bad, match in (({"estimator": "group", "group_size": 1}, "group_size >= 2"),
+                       ({"estimator": "gae", "group_size": 4}, "apply to estimator group only"),
+                       ({"estimator": "critic"}, "estimator")):
+        with pytest.raises(ParamsError, match=match):
+            build_system("mask", {"mask": MASK_GROUP["mask"], "joint": {"mask": bad}}, KeywordRetriever(PASSAGES))
+
+
+def test_one_mask_group_step_trains_without_a_critic(tmp_path, tiny_llama):
+    from ragteam.train.systems import build_system
+
+    retr = KeywordRetriever([("Xland", "Xville is the capital of Xland."), ("Yland", "Yville is in Yland.")])
+    system = build_system("mask", {"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8},
+                                   "joint": {"mask": {"estimator": "group", "group_size": 2}}}, retr)
+    res = _train(tmp_path, tiny_llama, system, steps=1, questions_per_step=2, normalize_advantages=False)
+    (e,) = res.log_history
+    assert "value_loss" not in e and "explained_variance" not in e
+    # the value head is never trained (it stays at its zero init; a GAE step moves it: tests/test_train_jade.py)
+    assert all(float(t.abs().max()) == 0.0 for t in res.extra["value_head"].values())
+    assert e["groups"] == 2.0 and "reward_group_std" in e and e["optimizer_steps"] >= 1.0

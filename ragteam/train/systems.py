@@ -9,7 +9,9 @@ the GAE scope, so it is the system's, not a param:
   of turn t would return F1(a_t) + 3·(F1(a_{t+1}) − F1(a_t)) + F1(a_{t+1}) + … = 4·F1(a_{t+1}) − 2·F1(a_t) + …, so a
   better own answer would lower its own return (and Planning would gain from a wrong a_0): ΔF1 telescopes. The
   official code makes every call its own verl sample with the reward on its last token, i.e. GAE within the call
-  (notes m-ask.md §11).
+  (notes m-ask.md §11). `joint.mask.estimator: group` (not the paper's) keeps that per-call credit without the
+  critic: each call's own reward normalised among the same role's calls at the same turn of its question's
+  `group_size` rollouts (`mask_group_advantages`).
 - JADE `episode`: R_global (Eq. 6) sits on the terminal call alone; only GAE over the flattened calls (Alg. 2) carries
   it back, through the critic, to the planner and executors that produced it. `joint.jade.estimator: group` (not
   the paper's) replaces the critic by GRPO's outcome advantage over `group_size` rollouts of each question: the
@@ -31,21 +33,95 @@ from ragteam.retrieval.base import Retriever
 from ragteam.train.ppo import JointSystem
 
 
+def call_group_key(ep: Episode, c) -> tuple:
+    """The group an M-ASK call is compared within by `estimator: group`: the same question's rollouts, the same role
+    at the same turn (`meta["turn"]`, 0 = Planning), the end-of-episode Answer apart from a turn's Answer."""
+    return ep.question_id, c.role, int(c.meta.get("turn", -1)), bool(c.meta.get("final"))
+
+
+def mask_group_advantages(episodes: Sequence[Episode], eps: float = 1e-4) -> list[list[float | None]]:
+    """M-ASK's critic-free estimator (`joint.mask.estimator: group`, not the paper's): each call's own reward (Eq. 2-3
+    with the format penalty, as annotated) normalised among the calls of the same role and turn in the G rollouts of
+    its question (`call_group_key`), A = (r − μ) / (σ + eps) with the sample σ (`group_normalized`, TRL's GRPO
+    convention and the project's ε). It keeps M-ASK's per-call credit (a call's advantage rises with its own reward
+    only; summing rewards over the episode would invert it, module docstring) and puts the group's mean where GAE
+    within the call puts the critic's value: A = r − V becomes A = (r − μ) / σ. A pool of one call (a turn only one
+    rollout reached) or of equal rewards gets A = 0."""
+    from ragteam.train.advantages import group_normalized
+
+    flat = [(i, c) for i, ep in enumerate(episodes) for c in ep.calls]
+    missing = [(episodes[i].episode_id, c.role) for i, c in flat if c.reward is None]
+    if missing:
+        raise ValueError(f"mask_group_advantages: call(s) without a reward (annotate first): {missing[:3]}")
+    adv = group_normalized([c.reward for _, c in flat], [call_group_key(episodes[i], c) for i, c in flat],
+                           std="sample", eps=eps)
+    out: list[list[float | None]] = [[] for _ in episodes]
+    for (i, _), a in zip(flat, adv):
+        out[i].append(a)
+    return out
+
+
+class GroupEstimatorParams(Strict):
+    """`joint.<system>` of a GAE system that may train without its critic: the fields every `joint.<system>` has
+    (`max_questions`, `ppo` overrides of `joint.ppo`, see stages.train_joint) and the choice of advantage estimator,
+    `gae` (the paper's: a critic, one rollout per question) or `group` (this project's critic-free alternative for a
+    backbone whose critic explains nothing: `group_size` rollouts of each question, a step then trains
+    `questions_per_step` x `group_size` episodes)."""
+
+    max_questions: int = Field(0, ge=0)           # first n questions of the training pool; 0 = all
+    ppo: dict[str, Any] = Field(default_factory=dict)
+    estimator: Literal["gae", "group"] = "gae"
+    group_size: int = Field(1, ge=1)              # rollouts per question; >= 2 with estimator group, 1 with gae
+
+    @model_validator(mode="after")
+    def _check_group(self) -> GroupEstimatorParams:
+        if self.estimator == "group" and self.group_size < 2:
+            raise ValueError(f"estimator group needs group_size >= 2 (one rollout of a question has no group to "
+                             f"normalise within), got {self.group_size}")
+        if self.estimator == "gae" and self.group_size != 1:
+            raise ValueError(f"group_size {self.group_size}: rollouts per question apply to estimator group only; "
+                             "estimator gae rolls out each question once (set estimator: group, or group_size: 1)")
+        return self
+
+
+class MaskTrainParams(GroupEstimatorParams):
+    """params.yaml `joint.mask`. `estimator: group` gives every call its own reward normalised within its question's
+    G rollouts, same role and turn (`mask_group_advantages`); `gae` is the paper's (a critic, GAE within each call)."""
+
+
 def mask_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     """M-ASK: the five roles of `ragteam.agents.mask`, the Answer agent after every turn, turn-level rewards
-    (Eq. 2-3) minus `mask.format_penalty` per malformed call; GAE within each call (per-call rewards: see above)."""
+    (Eq. 2-3) minus `mask.format_penalty` per malformed call; GAE within each call (per-call rewards: see above), or
+    with `joint.mask.estimator: group` each call's reward normalised over its question's G rollouts, no critic."""
     from ragteam.agents import mask as M
     from ragteam.agents.mask_workflow import MaskConfig, run_mask
     from ragteam.rewards.mask import annotate_mask
 
     cfg = parse_section(params, "mask", MaskConfig)
+    # joint.mask, when given (the stage always has it; a caller without it trains the paper's way)
+    tp = (parse_section(params, "joint.mask", MaskTrainParams) if "mask" in (params.get("joint") or {})
+          else MaskTrainParams())
+    describe = {"workflow": "ragteam.agents.mask_workflow.run_mask(training=True)", "mask": cfg.model_dump(),
+                "reward": "M-ASK Eq. 2-3 (ragteam.rewards.mask.annotate_mask_episode)"}
+    annotate = lambda eps: annotate_mask(eps, cfg.format_penalty)  # noqa: E731
+    if tp.estimator == "gae":
+        return JointSystem(
+            name="mask", roles=M.ROLES,
+            rollout=lambda rows, team: run_mask(rows, team, retriever, cfg, system="mask", training=True),
+            annotate=annotate,
+            gae_scope="call",         # Eq. 2-3 reward each call itself; the official code's per-call GAE
+            describe=describe,
+        )
     return JointSystem(
         name="mask", roles=M.ROLES,
-        rollout=lambda rows, team: run_mask(rows, team, retriever, cfg, system="mask", training=True),
-        annotate=lambda eps: annotate_mask(eps, cfg.format_penalty),
-        gae_scope="call",         # Eq. 2-3 reward each call itself; the official code's per-call GAE
-        describe={"workflow": "ragteam.agents.mask_workflow.run_mask(training=True)", "mask": cfg.model_dump(),
-                  "reward": "M-ASK Eq. 2-3 (ragteam.rewards.mask.annotate_mask_episode)"},
+        # G copies of each question, consecutive; Episode.question_id (the row id) is the group
+        rollout=lambda rows, team: run_mask([r for r in rows for _ in range(tp.group_size)], team, retriever, cfg,
+                                            system="mask", training=True),
+        annotate=annotate, advantage=mask_group_advantages,
+        requires={"normalize_advantages": False},   # the group normalisation is the only one (GRPO's)
+        describe={**describe, "estimator": f"group of {tp.group_size} rollouts per question",
+                  "advantage": "ragteam.train.systems.mask_group_advantages (each call's reward normalised within "
+                               "its question's rollouts, same role and turn; no critic)"},
     )
 
 
@@ -66,33 +142,19 @@ JADE_STATS: dict[str, Callable[[Episode], float]] = {
 }
 
 
-class JadeTrainParams(Strict):
-    """params.yaml `joint.jade`: the fields every `joint.<system>` has (`max_questions`, `ppo` overrides of
-    `joint.ppo`, see stages.train_joint) and JADE's choice of advantage estimator.
+class JadeTrainParams(GroupEstimatorParams):
+    """params.yaml `joint.jade` (`GroupEstimatorParams`). With `estimator: group` each episode's return (the sum of
+    its calls' rewards: R_global and the Eq. 7 format penalties) is normalised within its group
+    (`ragteam.train.advantages.outcome_group_advantages`) and given to every call. `dynamic_sampling` (DAPO, off by
+    default) trains only the groups whose returns vary and refills the step, as DECOR's and QAgent's do."""
 
-    `estimator: gae` is the paper's (Alg. 2: PPO with a critic, GAE over the episode's flattened calls, one rollout
-    per question). `group` is this project's critic-free alternative for a backbone whose critic explains nothing
-    (explained variance <= 0 over the CPU recipe's steps): `group_size` rollouts of each question, each episode's
-    return (the sum of its calls' rewards: R_global and the Eq. 7 format penalties) normalised within its group
-    (`ragteam.train.advantages.outcome_group_advantages`) and given to every call; a step then trains
-    `questions_per_step` x `group_size` episodes. `dynamic_sampling` (DAPO, off by default) trains only the groups
-    whose returns vary and refills the step, as DECOR's and QAgent's do."""
-
-    max_questions: int = Field(0, ge=0)           # first n questions of the training pool; 0 = all
-    ppo: dict[str, Any] = Field(default_factory=dict)
-    estimator: Literal["gae", "group"] = "gae"
-    group_size: int = Field(1, ge=1)              # rollouts per question; >= 2 with estimator group, 1 with gae
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=lambda: DynamicSamplingConfig(enabled=False))
 
     @model_validator(mode="after")
-    def _check(self) -> JadeTrainParams:
-        if self.estimator == "group" and self.group_size < 2:
-            raise ValueError(f"estimator group needs group_size >= 2 (one rollout of a question has no group to "
-                             f"normalise within), got {self.group_size}")
-        if self.estimator == "gae" and (self.group_size != 1 or self.dynamic_sampling.enabled):
-            raise ValueError("group_size and dynamic_sampling apply to estimator group only; estimator gae rolls "
-                             "out each question once (set estimator: group, or group_size: 1 and dynamic_sampling "
-                             "enabled: false)")
+    def _check_sampling(self) -> JadeTrainParams:
+        if self.estimator == "gae" and self.dynamic_sampling.enabled:
+            raise ValueError("dynamic_sampling applies to estimator group only; estimator gae rolls out each question "
+                             "once (set estimator: group, or dynamic_sampling enabled: false)")
         return self
 
 
