@@ -32,6 +32,8 @@ def reply(role, m):
     prediction is the reference (so LJ equals EM here)."""
     text = m[-1]["content"]
     if role == "decor_judge":
+        if "Prediction:" not in text:      # a role verdict (Appendix B.2-B.4: the rewards' R_role): every role did well
+            return "YES"
         pred, ref = (re.findall(rf"^{k}: (.*)$", text, re.MULTILINE)[-1] for k in ("Prediction", "Reference Answer"))
         return "YES" if pred == ref else "NO"
     i = int(re.search(r"q(\d+)r0", text).group(1))
@@ -73,7 +75,7 @@ def test_evaluate_runs_decor_with_lj_from_the_rule_judge(tmp_path):
     eps = read_episodes(tmp_path / "res" / "decor" / "hotpotqa.jsonl")
     assert [e.metrics["lj"] for e in eps] == [1.0, 0.0] and eps[0].meta["stop_reason"] == "planner_stop"
     md = (tmp_path / "eval.md").read_text()
-    assert "| Avg Acc | Avg LJ | No answer % | Format error q % | LLM calls/q |" in md
+    assert "| Avg Acc | Avg LJ | Team reward ×100 | No answer % | Format error q % | LLM calls/q |" in md
     assert re.search(r"\| maps \|.*\| – \|", md) and "| LJ judge | rules (a gold answer contained" in md
     assert loads == ["models/llm"]
 
@@ -84,7 +86,10 @@ def test_llm_judge_switch_scores_every_system_on_the_judge_model(tmp_path):
     metrics, loads, engine = _run(tmp_path, ev, DecorConfig(t_max=1, top_k=1, judge="llm", judge_model="models/j"))
     assert metrics["native"]["avg"]["lj"] == 100.0 and metrics["decor"]["avg"]["lj"] == 50.0
     assert sorted(set(loads)) == ["models/j", "models/llm"]
-    assert [n for r, n in engine.log if r == "decor_judge"] == [2, 2]   # one batched B.1 call per system
+    # one batched judge call per system: native's B.1 verdicts; DECOR's B.1 and its role verdicts (its training
+    # reward, reported as the team reward) in the same pass: 2 questions x (LJ + planner, filter, answerer)
+    assert [n for r, n in engine.log if r == "decor_judge"] == [2, 8]
+    assert "team_reward" in metrics["decor"]["avg"] and "team_reward" not in metrics["native"]["avg"]
     ep = read_episodes(tmp_path / "res" / "native" / "hotpotqa.jsonl")[0]
     assert ep.meta["judge_calls"][0]["parsed"] == "YES" and ep.cost["llm_calls"] == 1   # judge is not system cost
 

@@ -328,8 +328,10 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
 def test_dvc_stage_declares_what_the_stage_reads_and_writes():
     st = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["evaluate"]
     assert st["cmd"] == "python -m stages.evaluate"
-    # training: joint.qagent; joint.systems: which joint systems' rows have checkpoints (rows_without_their_stage)
-    assert set(st["params"]) == {"llm", "maps", "eval", "jade", "decor", "mask", "qagent", "joint.systems"}
+    # joint.systems: which joint systems' rows have checkpoints (rows_without_their_stage); of QAgent's training
+    # params only Eq. 10's weight, its plug-in rows' team reward (ragteam.rewards.team)
+    assert set(st["params"]) == {"llm", "maps", "eval", "jade", "decor", "mask", "qagent", "joint.systems",
+                                 "joint.qagent.hit_weight"}
     deps = set(st["deps"])
     assert {"stages/evaluate.py", "ragteam/agents", "ragteam/llm", "ragteam/eval", "ragteam/rewards",
             "models/llm", "models/agents", "models/warmup"} <= deps     # the checkpoints as directories

@@ -42,8 +42,9 @@ from ragteam.eval.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.decor import Judge, make_judge, score_lj
+from ragteam.rewards.decor import Judge, decor_rewards, make_judge, score_lj
 from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
+from ragteam.rewards.team import WORKFLOWS as TEAM_REWARD_WORKFLOWS, set_team_rewards
 
 Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "decor", "qagent", "qagent_plugin",
                    "ircot", "sure", "mask"]
@@ -63,7 +64,10 @@ FROZEN_ROLES = (decor.SUMMARIZER,)
 SCORE_KEYS = ("em", "f1", "acc")
 # per-question 0/1 flags, summarised in percent like the scores (module docstring)
 SILENCE_KEYS = ("no_answer", "format_error_questions")
-OPTIONAL_SCORE_KEYS = ("lj",)  # summarised only where every episode has it
+# summarised only where every episode has them: LJ (DECOR's judged accuracy); the joint systems' own training
+# reward per question (`ragteam.rewards.team`), reported x100 like the scores so its intervals and paired
+# differences come from the same bootstrap
+OPTIONAL_SCORE_KEYS = ("lj", "team_reward")
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retrieval_calls", "seconds")
 
 
@@ -203,6 +207,9 @@ class WorkflowConfigs(Strict):
     jade: JadeConfig = JadeConfig()
     decor: DecorConfig = DecorConfig()
     qagent: QAgentConfig = QAgentConfig()
+    # QAgent's stage-2 reward weight (Eq. 10; params.yaml joint.qagent.hit_weight, a training param): the team
+    # reward of its plug-in rows
+    qagent_hit_weight: float = Field(0.5, ge=0)
 
     @classmethod
     def from_params(cls, params: Mapping, baselines: BaselineConfig | None = None) -> WorkflowConfigs:
@@ -210,7 +217,10 @@ class WorkflowConfigs(Strict):
         from ragteam.config import parse_section
 
         fields = {name: parse_section(params, name, cls.model_fields[name].annotation)
-                  for name in cls.model_fields if name != "baselines" and name in params}
+                  for name in cls.model_fields if name not in ("baselines", "qagent_hit_weight") and name in params}
+        hit_weight = ((params.get("joint") or {}).get("qagent") or {}).get("hit_weight")
+        if hit_weight is not None:
+            fields["qagent_hit_weight"] = hit_weight
         return cls(**fields, **({"baselines": baselines} if baselines is not None else {}))
 
 
@@ -218,8 +228,11 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
                cfgs: WorkflowConfigs, name: str, lj: bool = False) -> list[Episode]:
     """Run one system's workflow on `rows` (all questions batched together) and score the Episodes.
 
-    JADE episodes with golden answers also get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported.
-    LJ is scored for DECOR systems and, with `lj`, for any system (judge: `cfgs.decor.judge` on `team`)."""
+    JADE episodes with golden answers also get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported, and
+    DECOR's their Eq. 2-3 rewards (`decor.reward`, judge `decor.judge`); every JADE, DECOR and QAgent episode with
+    golds gets its system's training reward as `metrics["team_reward"]` (`ragteam.rewards.team`; M-ASK's needs a
+    training rollout). LJ is scored for DECOR systems and, with `lj`, for any system (judge: `cfgs.decor.judge` on
+    `team`; for DECOR from the same verdicts as its rewards)."""
     if spec.workflow != "native" and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
     if spec.workflow == "native":
@@ -247,11 +260,18 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
                else cfgs.maps.model_copy(update={"fixed_rounds": spec.fixed_rounds}))
         eps = run_maps(rows, team, retriever, cfg, system=name)
     judge = make_judge(cfgs.decor, team) if spec.workflow == "decor" or lj else None
-    eps = score_episodes(eps, judge)
+    eps = score_episodes(eps, None if spec.workflow == "decor" else judge)
+    scored = [ep for ep in eps if ep.golden_answers]
     if spec.workflow == "jade":
-        for ep in eps:
-            if ep.golden_answers:
-                assign_jade_rewards(ep, cfgs.jade.reward)
+        for ep in scored:
+            assign_jade_rewards(ep, cfgs.jade.reward)
+    elif spec.workflow == "decor" and scored:
+        # one judging pass: the role verdicts of the rewards and R_LJ, which is also the LJ score
+        for ep, j in zip(scored, decor_rewards(scored, judge, cfgs.decor.reward)):
+            ep.metrics["lj"] = j.lj
+    if spec.workflow in TEAM_REWARD_WORKFLOWS:
+        set_team_rewards(eps, spec.workflow, hit_weight=cfgs.qagent_hit_weight,
+                         passage_words=cfgs.qagent.passage_words)
     return eps
 
 
@@ -372,15 +392,17 @@ def system_groups(systems: Mapping[str, SystemSpec], max_series: int = MAX_SERIE
 
 # the declared metrics of stage evaluate (metrics/summary/eval.json; `ragteam.io.compared_numbers` of
 # {"systems": metrics/eval.json, "differences": metrics/eval_compare.json}): each row's average EM, F1 and no-answer
-# rate over benchmarks, and each compared pair's F1 difference with its 95 % paired interval; per-benchmark scores,
+# rate over benchmarks (and team reward where it has one), and each compared pair's F1 difference with its 95 %
+# paired interval (and team-reward difference); per-benchmark scores,
 # intervals, costs and counts stay in the two records
-COMPARED = ("systems.*.avg.em", "systems.*.avg.f1", "systems.*.avg.no_answer", "differences.*.avg.f1.diff",
-            "differences.*.avg.f1.lo", "differences.*.avg.f1.hi")
+COMPARED = ("systems.*.avg.em", "systems.*.avg.f1", "systems.*.avg.no_answer", "systems.*.avg.team_reward",
+            "differences.*.avg.f1.diff", "differences.*.avg.f1.lo", "differences.*.avg.f1.hi",
+            "differences.*.avg.team_reward.diff")
 
 
 # ---- uncertainty: intervals per system x benchmark, paired differences between systems ---------------------------
 
-INTERVAL_KEYS = ("em", "f1", *SILENCE_KEYS)
+INTERVAL_KEYS = ("em", "f1", *SILENCE_KEYS, "team_reward")   # team_reward: rows of TEAM_REWARD_WORKFLOWS only
 
 
 def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequence[str]] | None = None
@@ -414,7 +436,11 @@ def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequen
 def question_scores(episodes: Sequence[Episode]) -> dict[str, list[float]]:
     """Per-question scores in [0, 1] for the bootstrap, in episode order (unscored episodes count 0, as in
     `summarize`)."""
-    out = {k: [ep.metrics.get(k, 0.0) for ep in episodes] for k in INTERVAL_KEYS if k not in SILENCE_KEYS}
+    out = {k: [ep.metrics.get(k, 0.0) for ep in episodes] for k in INTERVAL_KEYS
+           if k not in SILENCE_KEYS and k not in OPTIONAL_SCORE_KEYS}
+    for k in OPTIONAL_SCORE_KEYS:     # where every episode has it (a row without it has no interval for it)
+        if k in INTERVAL_KEYS and episodes and all(k in ep.metrics for ep in episodes):
+            out[k] = [ep.metrics[k] for ep in episodes]
     flags = [silence(ep) for ep in episodes]
     return {**out, **{k: [f[k] for f in flags] for k in SILENCE_KEYS}}
 

@@ -29,12 +29,15 @@ def _num(x: float, digits: int = 2) -> str:
 
 def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], benchmarks: Sequence[str]) -> str:
     """Rows = systems; EM / F1 per benchmark, then their averages, accuracy (and LJ where a system has it: DECOR's
-    judge; "–" elsewhere), and cost per question (averaged)."""
+    judge; the joint systems' own training reward x100, `ragteam.rewards.team`; "–" elsewhere), and cost per
+    question (averaged)."""
     with_lj = any("lj" in per["avg"] for per in metrics.values())
+    with_reward = any("team_reward" in per["avg"] for per in metrics.values())
     head = ["Method"]
     for b in benchmarks:
         head += [f"{display(b)} EM", f"{display(b)} F1"]
     head += ["Avg EM", "Avg F1", "Avg Acc"] + (["Avg LJ"] if with_lj else [])
+    head += ["Team reward ×100"] if with_reward else []
     head += ["No answer %", "Format error q %"]
     head += ["LLM calls/q", "Tokens/q", "Retrievals/q", "Seconds/q", "Passages/q"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
@@ -46,6 +49,7 @@ def table_markdown(metrics: Mapping[str, Mapping[str, Mapping[str, float]]], ben
         a = per["avg"]
         cells += [_num(a["em"]), _num(a["f1"]), _num(a["acc"])]
         cells += ([_num(a["lj"]) if "lj" in a else "–"] if with_lj else [])
+        cells += ([_num(a["team_reward"]) if "team_reward" in a else "–"] if with_reward else [])
         cells += [_num(a[k], 1) if k in a else "–" for k in ("no_answer", "format_error_questions")]
         cells += [_num(a["llm_calls"], 1), _num(a["tokens"], 0), _num(a["retrieval_calls"], 1), _num(a["seconds"], 2),
                   _num(a["passages"], 1) if "passages" in a else "–"]
@@ -121,16 +125,21 @@ def _diff_cell(d: Mapping) -> str:
 
 
 def differences_markdown(differences: Mapping, benchmarks: Sequence[str]) -> str:
-    """One row per (pair, benchmark | avg): ΔEM and ΔF1 = a - b with the paired-bootstrap interval; † = 0 is
-    outside it."""
-    lines = ["| a − b | benchmark | n | ΔEM [CI] | ΔF1 [CI] | Δno answer [CI] |", "|---|---|---:|---:|---:|---:|"]
+    """One row per (pair, benchmark | avg): ΔEM and ΔF1 = a - b with the paired-bootstrap interval (and the
+    difference of the systems' own training reward x100 where both rows have it); † = 0 is outside it."""
+    with_reward = any("team_reward" in res.get("avg", {}) for res in differences.values())
+    lines = ["| a − b | benchmark | n | ΔEM [CI] | ΔF1 [CI] | Δno answer [CI] |"
+             + (" Δteam reward ×100 [CI] |" if with_reward else ""),
+             "|---|---|---:|---:|---:|---:|" + ("---:|" if with_reward else "")]
     for res in differences.values():
         for b in [*benchmarks, "avg"]:
             if b in res:
                 d = res[b]
                 lines.append(f"| {res['a']} − {res['b']} | {display(b) if b != 'avg' else 'Avg'} | {d['n']} | "
                              f"{_diff_cell(d['em'])} | {_diff_cell(d['f1'])} | "
-                             f"{_diff_cell(d['no_answer']) if 'no_answer' in d else '–'} |")
+                             f"{_diff_cell(d['no_answer']) if 'no_answer' in d else '–'} |"
+                             + (f" {_diff_cell(d['team_reward']) if 'team_reward' in d else '–'} |"
+                                if with_reward else ""))
     return "\n".join(lines)
 
 

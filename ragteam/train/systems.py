@@ -30,6 +30,7 @@ from ragteam.config import ParamsError, Strict, parse_section
 from ragteam.llm import Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.rewards.team import episode_return
 from ragteam.train.ppo import JointSystem
 
 
@@ -156,14 +157,6 @@ class JadeTrainParams(GroupEstimatorParams):
             raise ValueError("dynamic_sampling applies to estimator group only; estimator gae rolls out each question "
                              "once (set estimator: group, or dynamic_sampling enabled: false)")
         return self
-
-
-def episode_return(ep: Episode) -> float:
-    """The sum of an episode's call rewards (JADE: R_global on the terminal call plus the format rewards)."""
-    missing = [i for i, c in enumerate(ep.calls) if c.reward is None]
-    if missing:
-        raise ValueError(f"episode {ep.episode_id}: call(s) {missing} have no reward (annotate first)")
-    return float(sum(c.reward for c in ep.calls))
 
 
 def jade_group_advantages(episodes: Sequence[Episode]) -> list[list[float | None]]:

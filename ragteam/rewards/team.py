@@ -1,0 +1,80 @@
+"""A joint system's own training reward on a finished evaluation episode (issue 25 §3: each row scored "by EM / F1
+and by the system's own training reward"), one number per question, so `evaluate` can average it, bootstrap it and
+pair it between the base, warm-up and trained rows like EM and F1.
+
+Per system, the quantity its trainer optimises, from the reward functions the trainer calls:
+- JADE: the episode's return, R_global on the terminal call plus every malformed call's −p (Eq. 6-8,
+  `jade.assign_rewards`): what its GAE over the flattened calls (or its group estimator) credits.
+- DECOR: the mean of R_total over the trajectory's policy calls (Eq. 2-3 with the format gate,
+  `decor.assign_rewards`, the judge of `decor.judge`): a gated trajectory reads `decor.reward.format_penalty`. The
+  mean, not the sum: evaluation does not cut a trajectory at its first malformed call as training does, so a sum
+  would charge the penalty once per call that followed it.
+- QAgent end to end (`qagent` rows): Eq. 7, the format gate times the strict EM of its own <answer> (stage 1).
+- QAgent as a plug-in (`qagent_plugin` rows): Eq. 8-10, EM(A*, G(q, K)) + hit_weight · Hit(τ, A*) (stage 2), with
+  the row's own frozen G's answer (its final answer) in place of a second generator call.
+- M-ASK: none. Its turn-level rewards (Eq. 2-3) need an answer after every turn (Algorithm 1's training rollout);
+  the inference workflow answers once at the end (§3.3), so an evaluation episode does not define them.
+
+Degenerate outputs score what training gives them: an empty or unparsable answer gets JADE's format penalty and
+F1 0, DECOR's gate, QAgent's 0 (stage 1) or only its Hit (stage 2).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ragteam.records import Episode
+
+# workflows of `ragteam.eval.evaluate` whose rows get a team reward (M-ASK: see the module docstring)
+WORKFLOWS = ("jade", "decor", "qagent", "qagent_plugin")
+
+
+def episode_return(ep: Episode) -> float:
+    """The sum of an episode's call rewards (JADE: R_global on the terminal call plus the format rewards)."""
+    missing = [i for i, c in enumerate(ep.calls) if c.reward is None]
+    if missing:
+        raise ValueError(f"episode {ep.episode_id}: call(s) {missing} have no reward (annotate first)")
+    return float(sum(c.reward for c in ep.calls))
+
+
+def decor_team_reward(ep: Episode) -> float:
+    """The mean R_total over the policy calls of a DECOR episode whose rewards `decor.assign_rewards` filled."""
+    from ragteam.agents import decor
+
+    rewards = [c.reward for c in ep.calls if c.role in decor.POLICY_ROLES]
+    if not rewards or any(r is None for r in rewards):
+        raise ValueError(f"episode {ep.episode_id}: DECOR policy calls without a reward (assign_rewards first)")
+    return float(sum(rewards) / len(rewards))
+
+
+def qagent_team_reward(ep: Episode, plugin: bool, hit_weight: float, passage_words: int | None) -> float:
+    """Eq. 7 for an end-to-end QAgent episode, Eq. 8-10 for a plug-in one (its final answer is G(q, K))."""
+    from ragteam.agents.qagent_workflow import knowledge
+    from ragteam.rewards.qagent import qagent_reward_stage1, qagent_reward_stage2
+
+    if not plugin:
+        return float(qagent_reward_stage1(ep))
+    return float(qagent_reward_stage2(ep.final_answer or "", knowledge(ep), ep.golden_answers, hit_weight,
+                                      passage_words))
+
+
+def check_workflow(workflow: str) -> None:
+    if workflow not in WORKFLOWS:
+        raise ValueError(f"no team reward for workflow {workflow!r}: defined for {', '.join(WORKFLOWS)} (M-ASK's "
+                         f"turn-level rewards need a training rollout's answer after every turn)")
+
+
+def set_team_rewards(episodes: Sequence[Episode], workflow: str, *, hit_weight: float = 0.5,
+                     passage_words: int | None = None) -> None:
+    """`Episode.metrics["team_reward"]` of every scored episode (golden answers) of a `workflow` row whose call
+    rewards are in place (JADE, DECOR) or computable from the episode (QAgent)."""
+    check_workflow(workflow)
+    for ep in episodes:
+        if not ep.golden_answers:
+            continue
+        if workflow == "jade":
+            r = episode_return(ep)
+        elif workflow == "decor":
+            r = decor_team_reward(ep)
+        else:
+            r = qagent_team_reward(ep, workflow == "qagent_plugin", hit_weight, passage_words)
+        ep.metrics["team_reward"] = r

@@ -1,0 +1,150 @@
+"""The joint systems' own training reward on evaluation episodes (`ragteam.rewards.team`, issue 25 §3): worked out
+by hand for a right, a wrong and a degenerate output of JADE, DECOR and QAgent (end to end and as a plug-in), M-ASK
+refused with the reason, and `evaluate` averaging it x100 per row and pairing it between rows with an interval."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from helpers_agents import KeywordRetriever, ScriptedEngine
+
+from ragteam.agents import decor, jade, qagent
+from ragteam.agents.decor_workflow import DecorRewardConfig
+from ragteam.agents.jade_workflow import JadeConfig, run_jade
+from ragteam.agents.qagent_workflow import QAgentConfig, run_qagent
+from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs
+from ragteam.io import write_jsonl
+from ragteam.llm import EngineConfig, EnginePool, LLMConfig, Team
+from ragteam.records import AgentCall, Episode
+from ragteam.rewards.decor import Judgement, assign_rewards as assign_decor
+from ragteam.rewards.jade import JadeRewardConfig, assign_rewards as assign_jade
+from ragteam.rewards.team import set_team_rewards
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = [{"id": "x", "question": "What is the capital of Francia?", "golden_answers": ["Paris"]}]
+FRANCE = KeywordRetriever([("Francia", "Paris is the capital of Francia"), ("Rome", "Rome capital Italy"),
+                           ("Berlin", "Berlin capital Germany")])
+
+
+def _jade(plan: str, answer: str) -> Episode:
+    reply = lambda role, m: {jade.PLANNER: plan, jade.AG: answer}[role]  # noqa: E731
+    (ep,) = run_jade(ROWS, Team(ScriptedEngine(reply)), FRANCE, JadeConfig(top_k=3))
+    assign_jade(ep, JadeRewardConfig())
+    set_team_rewards([ep], "jade")
+    return ep
+
+
+def test_jade_team_reward_is_the_episode_return_by_hand():
+    right = _jade("<workflow>R,AG</workflow>", "<answer>Paris</answer>")
+    assert right.metrics["team_reward"] == pytest.approx(1.0)          # R_global = F1 1, α = β = 0, no penalty
+    # both calls malformed: −1 each (Eq. 7), and the fallback answer "Paris, I think" has F1 2·(1/3·1)/(1/3 + 1) = 0.5
+    wrong = _jade("I would retrieve then answer.", "Paris, I think")
+    assert [c.format_error is not None for c in wrong.calls] == [True, True]
+    assert wrong.metrics["team_reward"] == pytest.approx(-2.0 + 0.5)
+    # degenerate: an answer tag with nothing in it scores no better than a wrong answer, and below the right one
+    empty = _jade("<workflow>R,AG</workflow>", "<answer></answer>")
+    assert empty.metrics["team_reward"] <= 0.0 < right.metrics["team_reward"]
+
+
+def _decor_episode(malformed: bool) -> Episode:
+    ep = Episode(question_id="x", question="q?", golden_answers=["Paris"], final_answer="Paris")
+    for role in (decor.PLANNER, decor.FILTER, decor.PLANNER, decor.ANSWERER):
+        ep.add_call(AgentCall(role=role, prompt=[], format_error="bad" if malformed and role == decor.FILTER else None))
+    ep.add_call(AgentCall(role=decor.SUMMARIZER, prompt=[]))          # frozen helper: no reward
+    return ep
+
+
+def test_decor_team_reward_is_the_mean_r_total_over_policy_calls_and_the_gate_reads_the_penalty():
+    cfg = DecorRewardConfig()                                          # λ 0.5, α 0.6, β 0.4, penalty −1
+    ok = _decor_episode(False)
+    # R_team = 0.5·F1 1 + 0.5·LJ 1 = 1; R_role +1, −1, (not judged) 0, +1 -> R_total 0.6 + 0.4·r_role
+    assign_decor([ok], [Judgement(lj=1.0, roles={0: 1.0, 1: -1.0, 3: 1.0})], cfg)
+    set_team_rewards([ok], "decor")
+    assert ok.metrics["team_reward"] == pytest.approx((1.0 + 0.2 + 0.6 + 1.0) / 4)
+    # the gate: one malformed Filter call -> every policy call −1, whatever the answer and however many calls followed
+    bad = _decor_episode(True)
+    assign_decor([bad], [Judgement(lj=1.0)], cfg)
+    set_team_rewards([bad], "decor")
+    assert bad.metrics["team_reward"] == pytest.approx(-1.0)
+
+
+QA_ROWS = [{"id": "A", "question": "Where was Ed Wood born?", "golden_answers": ["Poughkeepsie"]},
+           {"id": "B", "question": "Who directed Doctor Strange?", "golden_answers": ["Scott Derrickson"]},
+           {"id": "C", "question": "What animal has stripes?", "golden_answers": ["Zebra"]}]
+QA_PASSAGES = [("Ed Wood", "Ed Wood was an American filmmaker born in Poughkeepsie."),
+               ("Doctor Strange", "Doctor Strange is a film directed by Scott Derrickson.")]
+# A: searches, finds the gold, answers right; B: searches, finds the gold, answers wrong; C: never writes a tag
+QA_SCRIPT = {"A": ["<plan>p</plan><search><query>Ed Wood</query></search>", "<reflection>r</reflection><answer>Poughkeepsie</answer>"],
+             "B": ["<plan>p</plan><search><query>Doctor Strange</query></search>", "<reflection>r</reflection><answer>Sam Raimi</answer>"],
+             "C": ["no idea", "still no idea"]}
+# the plug-in generator G: right on B (where the agent was wrong), wrong on A
+QA_GENERATOR = {"A": "New York", "B": "Scott Derrickson", "C": "Zebra"}
+
+
+def _qagent_reply(role, m):
+    by_q = {r["question"]: r["id"] for r in QA_ROWS}
+    if role == "qagent":
+        qid = by_q[re.search(r"Question: (.*)\.$", m[0]["content"]).group(1)]
+        so_far = m[-1]["content"] if m[-1]["role"] == "assistant" else ""
+        return QA_SCRIPT[qid][min(so_far.count("<information>") + so_far.count(qagent.PROMPT_RETHINK), 1)]
+    return QA_GENERATOR[by_q[re.search(r"Question: (.*)", m[-1]["content"]).group(1)]]
+
+
+def test_qagent_team_reward_is_eq7_end_to_end_and_eq10_as_a_plug_in():
+    cfg = QAgentConfig(max_turns=2, top_k=1)
+    own = {e.question_id: e for e in run_qagent(QA_ROWS, Team(ScriptedEngine(_qagent_reply)), KeywordRetriever(
+        QA_PASSAGES), cfg)}
+    set_team_rewards(list(own.values()), "qagent")
+    # Eq. 7: format gate x strict EM of its own answer: right 1, wrong 0, no tag at all 0
+    assert {q: e.metrics["team_reward"] for q, e in own.items()} == {"A": 1.0, "B": 0.0, "C": 0.0}
+    plug = {e.question_id: e for e in run_qagent(QA_ROWS, Team(ScriptedEngine(_qagent_reply)), KeywordRetriever(
+        QA_PASSAGES), cfg, plugin=True)}
+    set_team_rewards(list(plug.values()), "qagent_plugin", hit_weight=0.5)
+    # Eq. 10: EM(A*, G(q, K)) + 0.5 Hit: A: G wrong, K holds the gold (0.5); B: G right, gold in K (1.5);
+    # C: G's "Zebra" contains the gold, K is empty (1.0)
+    assert {q: e.metrics["team_reward"] for q, e in plug.items()} == {"A": 0.5, "B": 1.5, "C": 1.0}
+
+
+def test_mask_has_no_team_reward_on_inference_episodes_and_says_why():
+    ep = Episode(question_id="x", question="q?", golden_answers=["a"])
+    with pytest.raises(ValueError, match="no team reward for workflow 'mask'.*answer after every turn"):
+        set_team_rewards([ep], "mask")
+
+
+def test_a_jade_call_without_its_reward_is_refused():
+    ep = Episode(question_id="x", question="q?", golden_answers=["a"], calls=[AgentCall(role=jade.PLANNER, prompt=[])])
+    with pytest.raises(ValueError, match="have no reward"):
+        set_team_rewards([ep], "jade")
+
+
+def test_evaluate_reports_the_team_reward_per_row_and_its_paired_difference(tmp_path):
+    sys.path.insert(0, str(REPO))
+    import stages.evaluate as stage
+
+    write_jsonl(tmp_path / "b" / "hotpotqa.jsonl", [dict(ROWS[0], id=f"x{i}") for i in range(3)])
+    base = lambda role, m: {jade.PLANNER: "retrieve then answer", jade.AG: "Paris, I think",  # noqa: E731
+                            "generator": "Paris"}[role]
+    trained = lambda role, m: {jade.PLANNER: "<workflow>R,AG</workflow>", jade.AG: "<answer>Paris</answer>"}[role]  # noqa: E731
+    engines = {"models/llm": ScriptedEngine(base), "models/t": ScriptedEngine(trained)}
+    ev = EvalConfig(n_questions=3, systems={"jade": {"workflow": "jade"},
+                                            "jade_trained": {"workflow": "jade", "model": "models/t"},
+                                            "native": {"workflow": "native"}})
+    metrics = stage.run(LLMConfig(), WorkflowConfigs(jade=JadeConfig(top_k=3)), ev, benchmarks=tmp_path / "b",
+                        results=tmp_path / "r", report=tmp_path / "r.md", figures=tmp_path / "f", retriever=FRANCE,
+                        engines=EnginePool(EngineConfig(), loader=lambda p, c: engines[p]),
+                        differences=tmp_path / "compare.json")
+    assert metrics["jade"]["avg"]["team_reward"] == -150.0 and metrics["jade_trained"]["avg"]["team_reward"] == 100.0
+    assert metrics["jade"]["avg"]["team_reward_ci"] == [-150.0, -150.0]
+    assert "team_reward" not in metrics["native"]["avg"]                 # a baseline has no training reward
+    diff = json.loads((tmp_path / "compare.json").read_text())["jade_trained vs jade"]["avg"]["team_reward"]
+    assert diff["diff"] == 250.0 and diff["significant"]
+    md = (tmp_path / "r.md").read_text()
+    assert "Team reward ×100" in md and "Δteam reward ×100 [CI]" in md and "**+250.00 [250.00, 250.00]** †" in md
+
+
+def test_the_stage_reads_qagents_hit_weight_from_its_training_params():
+    cfgs = WorkflowConfigs.from_params({"joint": {"qagent": {"hit_weight": 0.25}}})
+    assert cfgs.qagent_hit_weight == 0.25 and WorkflowConfigs.from_params({}).qagent_hit_weight == 0.5
