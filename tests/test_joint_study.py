@@ -138,3 +138,33 @@ def test_cli_reads_each_run_at_its_own_commit(tmp_path, monkeypatch):
     assert bad.exit_code == 1 and "--kind 'nosuch': one of maps, joint" in bad.output
     assert CliRunner().invoke(app, ["replicate", "flags", "2", "--kind", "joint"]).output.strip() == \
         "-S warmup.sft.seed=2 -S joint.ppo.seed=2"
+
+
+def test_the_team_reward_joins_the_summary_only_where_every_run_has_it():
+    """Runs from e76f5a8 on score JADE / DECOR / QAgent rows by their training reward x100 too; a study that mixes in
+    an older run (no team_reward) keeps EM and F1 only, so no mean is taken over a subset of the seeds."""
+    def with_reward(seed, missing=False):
+        rec = _records(seed)
+        for name, r in rec[js.EVAL_FILE].items():
+            r["avg"]["team_reward"] = r["avg"]["f1"] - 50.0           # -40, -30 / -32 / -28, ...
+        for p in rec[js.COMPARE_FILE].values():
+            p["avg"]["team_reward"] = dict(p["avg"]["f1"])
+        if missing:
+            del rec[js.EVAL_FILE]["mask_trained"]["avg"]["team_reward"]
+        return rec
+
+    store = {rev: with_reward(s) for s, rev in enumerate(REVS)}
+    runs, _ = js.load_runs(_exp_show(REVS), lambda rev, path: store.get(rev, {}).get(path))
+    s = js.summarize(runs, ["mask"])
+    m = s["mask"]
+    assert m["metrics"] == ["em", "f1", "team_reward"]
+    assert m["rows"]["base"]["team_reward"]["mean"] == -40.0
+    assert m["pairs"]["RL over warm-up"]["team_reward"]["mean"] == 4.0       # +2, +4, +6 as for F1
+    md = js.report_markdown(s, ["mask"])
+    assert "| row | eval row | EM mean ± sd | F1 mean ± sd | team reward ×100 mean ± sd |" in md
+    assert "| RL over warm-up | team reward ×100 | 4.00 ± 2.00 |" in md
+    store[REVS[1]] = with_reward(1, missing=True)
+    runs, _ = js.load_runs(_exp_show(REVS), lambda rev, path: store.get(rev, {}).get(path))
+    old = js.summarize(runs, ["mask"])["mask"]
+    assert old["metrics"] == ["em", "f1"] and "team_reward" not in old["rows"]["base"]
+    assert "team reward" not in js.report_markdown({**s, "mask": old}, ["mask"])

@@ -11,7 +11,8 @@ Every experiment commit holds its own plain records (git-tracked): `metrics/eval
 records of `warmup_joint@<system>` and `train_joint@<system>`; the summary reads them at each run's revision, so each
 number it states traces to an experiment commit and, through its `dvc.lock`, to data, code and params.
 
-Per system and metric (EM, F1): each row's mean ± sd over seeds; per compared pair (warm-up − base, RL over warm-up,
+Per system and metric (EM, F1, and the system's own training reward x100 where every run's rows have it, JADE,
+DECOR and QAgent from e76f5a8 on): each row's mean ± sd over seeds; per compared pair (warm-up − base, RL over warm-up,
 warm-up + RL − base) the seed-mean difference with its t-interval over seeds (`stats.seed_summary`), each seed's
 paired bootstrap interval as `evaluate` computed it, the signs and how many seeds' own intervals exclude 0. The
 training side: the warm-up's held-out format error rate where it stopped, and RL's team reward and format error rate
@@ -33,6 +34,10 @@ COMPARE_FILE = "metrics/eval_compare.json"
 TRAIN_FILE = "metrics/train_joint_{system}.json"
 WARMUP_FILE = "metrics/warmup_joint_{system}.json"
 METRICS = ("em", "f1")
+# the system's own training reward x100 (`ragteam.rewards.team`): reported where every run's rows and pairs have it
+# (JADE, DECOR, QAgent rows of runs from e76f5a8 on; M-ASK's rows have none)
+OPTIONAL_METRICS = ("team_reward",)
+LABELS = {"em": "EM", "f1": "F1", "team_reward": "team reward ×100"}
 ROWS = {"base": "{s}", "warm-up": "{s}_warmup", "warm-up + RL": "{s}_trained"}   # eval.systems names per system
 PAIRS = {"warm-up − base": ("{s}_warmup", "{s}"), "RL over warm-up": ("{s}_trained", "{s}_warmup"),
          "warm-up + RL − base": ("{s}_trained", "{s}")}
@@ -85,15 +90,16 @@ def summarize(runs: Sequence[Run], systems: Sequence[str], level: float = 0.95) 
     out: dict = {"runs": [{"name": r.name, "rev": r.rev, "seeds": r.seeds} for r in runs], "level": level}
     for s in systems:
         rows, pairs, training = {}, {}, {}
+        metrics = _metrics(runs, s)
         for label, row in ROWS.items():
             name = row.format(s=s)
             rows[label] = {"row": name, **{m: stats.seed_summary(
-                [_row(r.metrics[EVAL_FILE], name, m, r.name) for r in runs], level).to_dict() for m in METRICS}}
+                [_row(r.metrics[EVAL_FILE], name, m, r.name) for r in runs], level).to_dict() for m in metrics}}
         questions = {int(r.metrics[EVAL_FILE][ROWS["base"].format(s=s)]["avg"].get("n", 0)) for r in runs}
         for label, (a, b) in PAIRS.items():
             key = f"{a.format(s=s)} vs {b.format(s=s)}"
             pairs[label] = {"pair": key}
-            for m in METRICS:
+            for m in metrics:
                 per = []
                 for r in runs:
                     d = ((r.metrics[COMPARE_FILE].get(key) or {}).get("avg") or {}).get(m)
@@ -113,8 +119,23 @@ def summarize(runs: Sequence[Run], systems: Sequence[str], level: float = 0.95) 
             training[label] = (stats.seed_summary([float(v) for v in vals], level, digits=4).to_dict()
                                | {"per_seed": vals} if all(isinstance(v, (int, float)) for v in vals)
                                else {"per_seed": vals})
-        out[s] = {"questions": sorted(questions), "rows": rows, "pairs": pairs, "training": training}
+        out[s] = {"questions": sorted(questions), "metrics": list(metrics), "rows": rows, "pairs": pairs,
+                  "training": training}
     return out
+
+
+def _metrics(runs: Sequence[Run], system: str) -> tuple[str, ...]:
+    """METRICS, and each OPTIONAL_METRICS key that every run's rows of `system` and their pairs have."""
+    def has(m: str) -> bool:
+        for r in runs:
+            ev, cmp = r.metrics[EVAL_FILE], r.metrics[COMPARE_FILE]
+            if not all(m in ((ev.get(row.format(s=system)) or {}).get("avg") or {}) for row in ROWS.values()):
+                return False
+            if not all(m in ((cmp.get(f"{a.format(s=system)} vs {b.format(s=system)}") or {}).get("avg") or {})
+                       for a, b in PAIRS.values()):
+                return False
+        return True
+    return (*METRICS, *(m for m in OPTIONAL_METRICS if has(m)))
 
 
 def _iv(s: Mapping) -> str:
@@ -132,18 +153,20 @@ def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[st
              f"`metrics/eval_compare.json`), † where it excludes 0; **signs**: each seed's difference.", ""]
     for s in systems:
         x = summary[s]
+        ms = x.get("metrics", METRICS)
         parts += [f"## {s}", "", f"Questions per run: {', '.join(map(str, x['questions']))}.", "",
-                  "| row | eval row | EM mean ± sd | F1 mean ± sd |", "|---|---|---:|---:|"]
-        parts += [f"| {label} | `{r['row']}` | {mean_sd(r['em'])} | {mean_sd(r['f1'])} |"
+                  "| row | eval row | " + " | ".join(f"{LABELS[m]} mean ± sd" for m in ms) + " |",
+                  "|---|---|" + "---:|" * len(ms)]
+        parts += [f"| {label} | `{r['row']}` | " + " | ".join(mean_sd(r[m]) for m in ms) + " |"
                   for label, r in x["rows"].items()]
         parts += ["", "| difference | metric | mean ± sd | t-interval | per seed | signs |",
                   "|---|---|---:|---:|---|---|"]
         for label, p in x["pairs"].items():
-            for m in METRICS:
+            for m in ms:
                 d = p[m]
                 per = "; ".join(f"{q['diff']:+.2f} [{q['lo']:.2f}, {q['hi']:.2f}]"
                                 + (" †" if q["significant"] else "") for q in d["per_seed"])
-                parts.append(f"| {label} | {m.upper()} | {mean_sd(d)} | {_iv(d)} | {per} | {d['signs']} |")
+                parts.append(f"| {label} | {LABELS[m]} | {mean_sd(d)} | {_iv(d)} | {per} | {d['signs']} |")
         parts += ["", "| training | mean ± sd | per seed |", "|---|---:|---|"]
         for label, t in x["training"].items():
             per = ", ".join("–" if v is None else f"{v:g}" for v in t["per_seed"])
