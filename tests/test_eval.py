@@ -333,7 +333,7 @@ def test_dvc_stage_declares_what_the_stage_reads_and_writes():
     assert set(st["params"]) == {"llm", "maps", "eval", "jade", "decor", "mask", "qagent", "joint.systems",
                                  "joint.qagent.hit_weight"}
     deps = set(st["deps"])
-    assert {"stages/evaluate.py", "ragteam/agents", "ragteam/llm", "ragteam/eval", "ragteam/rewards",
+    assert {"stages/evaluate.py", "ragteam/agents", "ragteam/llm", "ragteam/eval/evaluate.py", "ragteam/rewards",
             "models/llm", "models/agents", "models/warmup"} <= deps     # the checkpoints as directories
     assert "${eval.retriever}" in deps and any(str(stage.BENCHMARKS).startswith(d) for d in deps)
     outs = [next(iter(o)) if isinstance(o, dict) else o for o in st["outs"]]
