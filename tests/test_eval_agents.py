@@ -161,7 +161,7 @@ def test_params_section_and_dvc_stage():
     st = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["evaluate_agents"]
     assert st["cmd"] == "python -m stages.evaluate_agents"
     assert {"models/agents/answer", "models/agents/query", "models/agents/judge", "models/llm",
-            "data/prepared/benchmarks", "${eval_agents.retriever}", "ragteam/eval", "ragteam/train",
+            "data/prepared/benchmarks", "${eval_agents.retriever}", "ragteam/eval/agents.py", "ragteam/train",
             "stages/evaluate_agents.py"} <= set(st["deps"])
     assert {"eval_agents", "eval.agents", "llm"} <= set(st["params"])
     outs = [next(iter(o)) for o in st["outs"]]
