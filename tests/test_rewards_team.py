@@ -17,7 +17,7 @@ from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.agents.qagent_workflow import QAgentConfig, run_qagent
 from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs
 from ragteam.io import write_jsonl
-from ragteam.llm import EngineConfig, EnginePool, LLMConfig, Team
+from ragteam.llm import Completion, EngineConfig, EnginePool, LLMConfig, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.rewards.decor import Judgement, assign_rewards as assign_decor
 from ragteam.rewards.jade import JadeRewardConfig, assign_rewards as assign_jade
@@ -106,6 +106,46 @@ def test_qagent_team_reward_is_eq7_end_to_end_and_eq10_as_a_plug_in():
     # Eq. 10: EM(A*, G(q, K)) + 0.5 Hit: A: G wrong, K holds the gold (0.5); B: G right, gold in K (1.5);
     # C: G's "Zebra" contains the gold, K is empty (1.0)
     assert {q: e.metrics["team_reward"] for q, e in plug.items()} == {"A": 0.5, "B": 1.5, "C": 1.0}
+
+
+class _DrawingEngine(ScriptedEngine):
+    """A ScriptedEngine whose calls of n > 1 (the answer fallback's draws) return `draws`."""
+
+    def __init__(self, reply, draws):
+        super().__init__(reply)
+        self.draws = draws
+
+    def generate(self, prompts, sampling):
+        if sampling.n == 1:
+            return super().generate(prompts, sampling)
+        return [[Completion(t, 5, len(t.split()) + 1, "stop") for t in self.draws] for _ in prompts]
+
+
+def test_a_plug_in_answer_the_fallback_resampled_scores_the_stub_training_would_have_rewarded():
+    """Training never resamples (a trainer's Team has no fallback), so stage 2 reads a generator stub as "": the
+    evaluation's resampled right answer earns only Hit, though it still counts for the row's EM / F1."""
+    from ragteam.llm import AnswerFallback, SamplingConfig
+
+    def reply(role, m):
+        if role == "answer_agent" and f"Question: {QA_ROWS[1]['question']}" in m[-1]["content"]:
+            return ""                                        # G's greedy output on B: nothing (a stub)
+        return _qagent_reply(role, m)
+
+    cfg = QAgentConfig(max_turns=2, top_k=1)
+    team = Team(_DrawingEngine(reply, ["", "Scott Derrickson"]), {"answer_agent": SamplingConfig(max_new_tokens=8)},
+                fallback=AnswerFallback(samples=2))
+    plug = {e.question_id: e for e in run_qagent(QA_ROWS, team, KeywordRetriever(QA_PASSAGES), cfg, plugin=True)}
+    b = plug["B"]
+    gen = [c for c in b.calls if c.role == "answer_agent"][-1]
+    assert gen.meta["resampled"]["draw"] == 2 and b.final_answer == "Scott Derrickson"
+    set_team_rewards(list(plug.values()), "qagent_plugin", hit_weight=0.5)
+    # B: 1.5 had G answered itself (test above); resampled, EM(A*, "") = 0 and the gold in K gives 0.5 Hit
+    assert {q: e.metrics["team_reward"] for q, e in plug.items()} == {"A": 0.5, "B": 0.5, "C": 1.0}
+    # a resampled call where the workflow never resamples (JADE) is refused, not scored as the policy's answer
+    ep = _jade("<workflow>R,AG</workflow>", "<answer>Paris</answer>")
+    ep.calls[-1].meta["resampled"] = {"from": "", "draw": 1, "of": 4}
+    with pytest.raises(ValueError, match=r"call\(s\) \[1\] were resampled.*jade workflow never asks for"):
+        set_team_rewards([ep], "jade")
 
 
 def test_mask_has_no_team_reward_on_inference_episodes_and_says_why():

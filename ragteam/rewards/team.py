@@ -16,7 +16,12 @@ Per system, the quantity its trainer optimises, from the reward functions the tr
   the inference workflow answers once at the end (§3.3), so an evaluation episode does not define them.
 
 Degenerate outputs score what training gives them: an empty or unparsable answer gets JADE's format penalty and
-F1 0, DECOR's gate, QAgent's 0 (stage 1) or only its Hit (stage 2).
+F1 0, DECOR's gate, QAgent's 0 (stage 1) or only its Hit (stage 2). That holds for an answer the evaluation's answer
+fallback (`llm.answer_fallback`) resampled, too: a training rollout never resamples, so it scores the stub the call
+replaced. Of these workflows only the plug-in's generator G is an answering role the fallback serves
+(`agents.core.llm_step`'s `continue_if`); its resampled answer counts as "" (stage 2's `g.parsed if g.format_error is
+None else ""` on the stub), so the row earns only its Hit. A resampled call in a JADE, DECOR or end-to-end QAgent
+episode, which their workflows cannot produce, is refused rather than scored as if the policy had answered.
 """
 from __future__ import annotations
 
@@ -46,14 +51,34 @@ def decor_team_reward(ep: Episode) -> float:
     return float(sum(rewards) / len(rewards))
 
 
+def resampled_calls(ep: Episode) -> list[int]:
+    """Indices of the calls whose output the answer fallback replaced (`meta["resampled"]`)."""
+    return [i for i, c in enumerate(ep.calls) if "resampled" in c.meta]
+
+
+def generator_answer(ep: Episode) -> str:
+    """What stage 2's reward reads as G(q, K) of a plug-in episode: its generator call's answer, or "" where that
+    call is malformed or was resampled (the stub it replaced did not parse)."""
+    from ragteam.agents.qagent_workflow import GENERATOR_ROLE
+
+    gen = [c for c in ep.calls if c.role == GENERATOR_ROLE]
+    if not gen:
+        raise ValueError(f"episode {ep.episode_id} ({ep.question_id}): a plug-in QAgent episode without its "
+                         f"generator call ({GENERATOR_ROLE})")
+    g = gen[-1]
+    if g.format_error is not None or "resampled" in g.meta:
+        return ""
+    return g.parsed or ""
+
+
 def qagent_team_reward(ep: Episode, plugin: bool, hit_weight: float, passage_words: int | None) -> float:
-    """Eq. 7 for an end-to-end QAgent episode, Eq. 8-10 for a plug-in one (its final answer is G(q, K))."""
+    """Eq. 7 for an end-to-end QAgent episode, Eq. 8-10 for a plug-in one (G(q, K): `generator_answer`)."""
     from ragteam.agents.qagent_workflow import knowledge
     from ragteam.rewards.qagent import qagent_reward_stage1, qagent_reward_stage2
 
     if not plugin:
         return float(qagent_reward_stage1(ep))
-    return float(qagent_reward_stage2(ep.final_answer or "", knowledge(ep), ep.golden_answers, hit_weight,
+    return float(qagent_reward_stage2(generator_answer(ep), knowledge(ep), ep.golden_answers, hit_weight,
                                       passage_words))
 
 
@@ -71,6 +96,10 @@ def set_team_rewards(episodes: Sequence[Episode], workflow: str, *, hit_weight: 
     for ep in episodes:
         if not ep.golden_answers:
             continue
+        if workflow != "qagent_plugin" and resampled_calls(ep):
+            raise ValueError(f"episode {ep.episode_id} ({ep.question_id}): call(s) {resampled_calls(ep)} were "
+                             f"resampled by the answer fallback, which the {workflow} workflow never asks for; its "
+                             f"team reward would score an answer its policy did not give")
         if workflow == "jade":
             r = episode_return(ep)
         elif workflow == "decor":
