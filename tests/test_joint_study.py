@@ -163,6 +163,16 @@ def test_the_team_reward_joins_the_summary_only_where_every_run_has_it():
     md = js.report_markdown(s, ["mask"])
     assert "| row | eval row | EM mean ± sd | F1 mean ± sd | team reward ×100 mean ± sd |" in md
     assert "| RL over warm-up | team reward ×100 | 4.00 ± 2.00 |" in md
+    # the rerun lines name the runs as they were named, not a fixed `joint-seed`
+    names = sorted(r["name"] for r in s["runs"])
+    assert f"ragteam replicate joint-summary --exp {' --exp '.join(names)}" in md
+    launch = js._launch([{"name": f"team-seed{k}", "seeds": {"warmup.sft.seed": k, "joint.ppo.seed": k}}
+                         for k in (2, 0, 1)])
+    assert launch == ["for s in 0 1 2; do dvc exp run --queue -n team-seed$s "
+                      "$(ragteam replicate flags $s --kind joint); done"]
+    odd = js._launch([{"name": "a", "seeds": {"warmup.sft.seed": 3}}, {"name": "b7", "seeds": {"warmup.sft.seed": 7}}])
+    assert odd == ["dvc exp run --queue -n a $(ragteam replicate flags 3 --kind joint)",
+                   "dvc exp run --queue -n b7 $(ragteam replicate flags 7 --kind joint)"]
     store[REVS[1]] = with_reward(1, missing=True)
     runs, _ = js.load_runs(_exp_show(REVS), lambda rev, path: store.get(rev, {}).get(path))
     old = js.summarize(runs, ["mask"])["mask"]

@@ -174,8 +174,21 @@ def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[st
         parts.append("")
     if notes:
         parts += ["Left out:", "", *(f"- {n}" for n in notes), ""]
-    parts += ["How the runs were launched (the seeds are params; each run is a DVC experiment):", "", "```bash",
-              "for s in 0 1 2; do dvc exp run --queue -n joint-seed$s $(ragteam replicate flags $s --kind joint); done",
+    parts += ["How to rerun them (the seeds are params; each run is a DVC experiment; add the flags of any profile the "
+              "runs share, which every run's params.yaml holds):", "", "```bash", *_launch(runs),
               "dvc queue start --jobs 1",
-              "ragteam replicate joint-summary " + " ".join(f"--exp {r['name']}" for r in runs), "```", ""]
+              "ragteam replicate joint-summary " + " ".join(f"--exp {n}" for n in sorted(r["name"] for r in runs)),
+              "```", ""]
     return "\n".join(parts)
+
+
+def _launch(runs: Sequence[Mapping]) -> list[str]:
+    """The `dvc exp run --queue` lines that name and seed these runs: one loop over their seeds when every name is a
+    common prefix plus its seed (`team-seed0`, `team-seed1`, ...), one line per run otherwise."""
+    seed = {r["name"]: next(iter(r["seeds"].values())) for r in runs}
+    flags = "$(ragteam replicate flags {s} --kind joint)"
+    prefixes = {n[: len(n) - len(str(v))] for n, v in seed.items() if n.endswith(str(v))}
+    if len(prefixes) == 1 and all(n.endswith(str(v)) for n, v in seed.items()):
+        seeds = " ".join(str(v) for v in sorted(seed.values()))
+        return [f"for s in {seeds}; do dvc exp run --queue -n {prefixes.pop()}$s {flags.format(s='$s')}; done"]
+    return [f"dvc exp run --queue -n {n} {flags.format(s=v)}" for n, v in sorted(seed.items())]
