@@ -86,6 +86,22 @@ class ScriptedEngine:
         return [n for r, n in self.log if r == role]
 
 
+class DrawingEngine(ScriptedEngine):
+    """A ScriptedEngine whose calls of n > 1 (the answer fallback's draws) return draws(messages), one completion a
+    text, logged as an "answer_agent" call."""
+
+    def __init__(self, reply: Callable[[str, Messages], str], draws: Callable[[Messages], list[str]]):
+        super().__init__(reply)
+        self.draws = draws
+
+    def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
+        if sampling.n == 1:
+            return super().generate(prompts, sampling)
+        self.log.append(("answer_agent", len(prompts)))
+        self.samplings.append(sampling)
+        return [[Completion(t, 5, len(t.split()) + 1, "stop") for t in self.draws(m)] for m in prompts]
+
+
 class KeywordRetriever:
     """Deterministic Retriever over (title, text) passages: score = shared lower-case words with the query.
 

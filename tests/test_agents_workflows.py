@@ -2,7 +2,7 @@
 import re
 
 import pytest
-from helpers_agents import KeywordRetriever, ScriptedEngine, n_queries, question_of
+from helpers_agents import DrawingEngine, KeywordRetriever, ScriptedEngine, n_queries, question_of
 
 from ragteam.agents import maps
 from ragteam.agents.baselines import BaselineConfig, run_iter_retgen, run_native, run_standard_rag
@@ -38,6 +38,11 @@ def maps_reply(stop_after: dict[int, int], answer: str = "ans{i}"):
             return answer.format(i=i)
         raise AssertionError(role)
     return reply
+
+
+def per_question(draws):
+    """DrawingEngine's draws: draws[i] for question i."""
+    return lambda m: draws[qidx(m)]
 
 
 def test_maps_judge_sufficient_at_round_k_gives_exactly_k_rounds_and_batches_every_step():
@@ -160,21 +165,6 @@ def test_a_lead_in_is_continued_until_it_answers_or_its_budget_is_spent():
     assert b.text == "y" and b.lead_in is None
 
 
-class DrawingEngine(ScriptedEngine):
-    """A ScriptedEngine whose calls of n > 1 (the answer fallback's draws) return `draws[question]`."""
-
-    def __init__(self, reply, draws):
-        super().__init__(reply)
-        self.draws = draws
-
-    def generate(self, prompts, sampling):
-        if sampling.n == 1:
-            return super().generate(prompts, sampling)
-        self.log.append(("answer_agent", len(prompts)))
-        self.samplings.append(sampling)
-        return [[Completion(t, 5, len(t.split()) + 1, "stop") for t in self.draws[qidx(m)]] for m in prompts]
-
-
 def test_an_output_that_still_gives_no_answer_is_replaced_by_the_first_fresh_sample_that_parses():
     """The answer fallback (llm.answer_fallback): after the lead-in continuation, an answer call that still gives no
     answer (a stub to the end of its budget, an empty output) gets `samples` fresh draws of its prompt in one engine
@@ -193,7 +183,7 @@ def test_an_output_that_still_gives_no_answer_is_replaced_by_the_first_fresh_sam
     draws = {1: ["", "Answer:", "drawn1", "late"], 2: ['Doc 1(Title: "x"): y', "drawn2", "x", "y"],
              3: ["Answer:", "", "The answer is", "(no new documents)"]}
     fb = AnswerFallback(samples=4, temperature=0.8, top_p=0.9, seed=5)
-    eng = DrawingEngine(reply, draws)
+    eng = DrawingEngine(reply, per_question(draws))
     team = Team(eng, {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=fb)
     eps = run_maps(rows(4), team, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
     assert [e.final_answer for e in eps] == ["ans0", "drawn1", "drawn2", ""]
@@ -212,19 +202,19 @@ def test_an_output_that_still_gives_no_answer_is_replaced_by_the_first_fresh_sam
     n_before = len(eng.samplings) - 1                   # the Team's calls before the fallback's: its seed
     assert s.seed == call_seed(5, "answer_agent", n_before)
     # the same run again draws with the same seed; a trainer's Team or one without a fallback never resamples
-    for other in (Team(DrawingEngine(reply, draws), {"answer_agent": SamplingConfig(max_new_tokens=8)},
+    for other in (Team(DrawingEngine(reply, per_question(draws)), {"answer_agent": SamplingConfig(max_new_tokens=8)},
                        fallback=fb, keep_token_ids=True),
-                  Team(DrawingEngine(reply, draws), {"answer_agent": SamplingConfig(max_new_tokens=8)})):
+                  Team(DrawingEngine(reply, per_question(draws)), {"answer_agent": SamplingConfig(max_new_tokens=8)})):
         eps2 = run_maps(rows(4), other, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
         assert [e.final_answer for e in eps2] == ["ans0", "", "", ""]
         assert all(sp.n == 1 for sp in other.engine("answer_agent").samplings)
         assert not any("resampled" in c.meta for e in eps2 for c in e.calls)
-    again = DrawingEngine(reply, draws)
+    again = DrawingEngine(reply, per_question(draws))
     run_maps(rows(4), Team(again, {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=fb),
              corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
     assert [x.seed for x in again.samplings if x.n > 1] == [s.seed]
     # samples 0: off
-    off = DrawingEngine(reply, draws)
+    off = DrawingEngine(reply, per_question(draws))
     eps3 = run_maps(rows(4), Team(off, {"answer_agent": SamplingConfig(max_new_tokens=8)},
                                   fallback=AnswerFallback(samples=0)),
                     corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
@@ -240,7 +230,7 @@ def test_the_evaluation_counts_a_resampled_answer_as_a_format_error_and_reports_
             return {0: "ans0", 1: "", 2: ""}[qidx(m)]
         return maps_reply({i: 0 for i in range(3)})(role, m)
 
-    team = Team(DrawingEngine(reply, {1: ["ans1", "x"], 2: ["Answer:", ""]}),
+    team = Team(DrawingEngine(reply, lambda m: {1: ["ans1", "x"], 2: ["Answer:", ""]}[qidx(m)]),
                 {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=AnswerFallback(samples=2))
     eps = run_maps(rows(3), team, corpus(3, 2, 1), MapsConfig(max_rounds=1, top_k=1, judge_initial=False))
     assert [e.final_answer for e in eps] == ["ans0", "ans1", ""]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_agents import KeywordRetriever, ScriptedEngine
+from helpers_agents import DrawingEngine, KeywordRetriever, ScriptedEngine
 
 from ragteam.agents import decor, jade, qagent
 from ragteam.agents.decor_workflow import DecorRewardConfig
@@ -108,19 +108,6 @@ def test_qagent_team_reward_is_eq7_end_to_end_and_eq10_as_a_plug_in():
     assert {q: e.metrics["team_reward"] for q, e in plug.items()} == {"A": 0.5, "B": 1.5, "C": 1.0}
 
 
-class _DrawingEngine(ScriptedEngine):
-    """A ScriptedEngine whose calls of n > 1 (the answer fallback's draws) return `draws`."""
-
-    def __init__(self, reply, draws):
-        super().__init__(reply)
-        self.draws = draws
-
-    def generate(self, prompts, sampling):
-        if sampling.n == 1:
-            return super().generate(prompts, sampling)
-        return [[Completion(t, 5, len(t.split()) + 1, "stop") for t in self.draws] for _ in prompts]
-
-
 def test_a_plug_in_answer_the_fallback_resampled_scores_the_stub_training_would_have_rewarded():
     """Training never resamples (a trainer's Team has no fallback), so stage 2 reads a generator stub as "": the
     evaluation's resampled right answer earns only Hit, though it still counts for the row's EM / F1."""
@@ -132,7 +119,7 @@ def test_a_plug_in_answer_the_fallback_resampled_scores_the_stub_training_would_
         return _qagent_reply(role, m)
 
     cfg = QAgentConfig(max_turns=2, top_k=1)
-    team = Team(_DrawingEngine(reply, ["", "Scott Derrickson"]), {"answer_agent": SamplingConfig(max_new_tokens=8)},
+    team = Team(DrawingEngine(reply, lambda m: ["", "Scott Derrickson"]), {"answer_agent": SamplingConfig(max_new_tokens=8)},
                 fallback=AnswerFallback(samples=2))
     plug = {e.question_id: e for e in run_qagent(QA_ROWS, team, KeywordRetriever(QA_PASSAGES), cfg, plugin=True)}
     b = plug["B"]
