@@ -187,8 +187,8 @@ def _launch(runs: Sequence[Mapping]) -> list[str]:
     common prefix plus its seed (`team-seed0`, `team-seed1`, ...), one line per run otherwise."""
     seed = {r["name"]: next(iter(r["seeds"].values())) for r in runs}
     flags = "$(ragteam replicate flags {s} --kind joint)"
-    prefixes = {n[: len(n) - len(str(v))] for n, v in seed.items() if n.endswith(str(v))}
-    if len(prefixes) == 1 and all(n.endswith(str(v)) for n, v in seed.items()):
+    prefixes = {n.removesuffix(str(v)) if n.endswith(str(v)) else None for n, v in seed.items()}
+    if len(prefixes) == 1 and None not in prefixes:
         seeds = " ".join(str(v) for v in sorted(seed.values()))
         return [f"for s in {seeds}; do dvc exp run --queue -n {prefixes.pop()}$s {flags.format(s='$s')}; done"]
     return [f"dvc exp run --queue -n {n} {flags.format(s=v)}" for n, v in sorted(seed.items())]
