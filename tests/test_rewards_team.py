@@ -1,6 +1,6 @@
 """The joint systems' own training reward on evaluation episodes (`ragteam.rewards.team`, issue 25 §3): worked out
-by hand for a right, a wrong and a degenerate output of JADE, DECOR and QAgent (end to end and as a plug-in), M-ASK
-refused with the reason, and `evaluate` averaging it x100 per row and pairing it between rows with an interval."""
+by hand for a right, a wrong and a degenerate output of JADE, DECOR, QAgent (end to end and as a plug-in) and
+M-ASK (whose inference episodes, answered once, are refused with the fix), and `evaluate` averaging it x100 per row and pairing it between rows with an interval."""
 from __future__ import annotations
 
 import json
@@ -135,10 +135,61 @@ def test_a_plug_in_answer_the_fallback_resampled_scores_the_stub_training_would_
         set_team_rewards([ep], "jade")
 
 
-def test_mask_has_no_team_reward_on_inference_episodes_and_says_why():
-    ep = Episode(question_id="x", question="q?", golden_answers=["a"])
-    with pytest.raises(ValueError, match="no team reward for workflow 'mask'.*answer after every turn"):
-        set_team_rewards([ep], "mask")
+MASK_ROWS = [{"id": "right", "question": "What is the capital of Xland?", "golden_answers": ["Xville"]},
+             {"id": "wrong", "question": "What is the river of Xland?", "golden_answers": ["Long"]},
+             {"id": "stub", "question": "garbled Xland?", "golden_answers": ["Xville"]}]
+MASK_PASSAGES = [("Xland", "Xville is the capital of Xland."), ("river", "The Long river flows through Xland.")]
+
+
+def _mask_reply(role: str, messages) -> str:
+    """A plan guessing "Paris", one search finding "Xville", then <end>; both questions end on "Xville" (right for
+    the capital, wrong for the river), the garbled one writes empty tags everywhere (a stub each parser refuses)."""
+    from ragteam.agents import mask as M
+
+    user = messages[-1]["content"]
+    if "garbled" in user:
+        return {M.PLANNING: "<predicted_answer></predicted_answer>", M.SEARCH: "<search></search>",
+                M.SUMMARY: "<evidence></evidence>", M.UPDATE: "", M.ANSWER: "<predicted_answer></predicted_answer>"}[role]
+    if role == M.PLANNING:
+        return "<q1>Which place?</q1><a1>unkown</a1><predicted_answer>Paris</predicted_answer>"
+    if role == M.SEARCH:
+        return "<end>" if "1. Query:" in user else "<search>Xland</search>"
+    if role == M.SUMMARY:
+        return "<evidence>Xville is the capital of Xland.</evidence>"
+    if role == M.UPDATE:
+        return "<Update>t1</Update>"
+    return "<predicted_answer>Xville</predicted_answer>" if "capital" in user else "<predicted_answer>Paris</predicted_answer>"
+
+
+def _mask(every_turn: bool) -> list[Episode]:
+    from ragteam.agents.mask_workflow import MaskConfig, run_mask
+
+    return run_mask(MASK_ROWS, Team(ScriptedEngine(_mask_reply)), KeywordRetriever(MASK_PASSAGES),
+                    MaskConfig(max_turns=3, top_k=1, answer_every_turn=every_turn))
+
+
+def test_mask_team_reward_is_the_mean_turn_level_reward_by_hand():
+    right, wrong, stub = _mask(every_turn=True)
+    set_team_rewards([right, wrong, stub], "mask", mask_penalty=1.0)
+    # right: Planning a_0 Paris F1 0; turn 1 Search/Summary/Update ΔF1 = F1(Xville) − F1(Paris) = 1 each, Answer 1;
+    # turn 2's <end> 0: (0 + 1 + 1 + 1 + 1 + 0) / 6
+    assert [c.role.removeprefix("mask_") for c in right.calls] == ["planning", "search", "summary", "update", "answer",
+                                                                   "search"]
+    assert right.metrics["team_reward"] == pytest.approx(4 / 6)
+    # wrong: Paris, then Xville, against "Long": F1 0 everywhere, no call malformed
+    assert wrong.metrics["team_reward"] == 0.0
+    # the stub: empty tags in every role parse as malformed, −1 each and F1 0 (the fallbacks answer nothing), so it
+    # scores below the wrong answer, which scores below the right one
+    assert stub.metrics["team_reward"] == pytest.approx(-1.0)
+    assert stub.metrics["team_reward"] < wrong.metrics["team_reward"] < right.metrics["team_reward"]
+
+
+def test_mask_answers_the_same_either_way_and_inference_episodes_are_refused_with_the_fix():
+    once, every = _mask(every_turn=False), _mask(every_turn=True)
+    assert [e.final_answer for e in once] == [e.final_answer for e in every] == ["Xville", "Xville", ""]
+    assert [e.meta["answered_every_turn"] for e in once + every] == [False] * 3 + [True] * 3
+    with pytest.raises(ValueError, match=r"need the Answer agent after every turn.*answer_every_turn: true"):
+        set_team_rewards(once, "mask")
 
 
 def test_a_jade_call_without_its_reward_is_refused():
@@ -175,3 +226,21 @@ def test_evaluate_reports_the_team_reward_per_row_and_its_paired_difference(tmp_
 def test_the_stage_reads_qagents_hit_weight_from_its_training_params():
     cfgs = WorkflowConfigs.from_params({"joint": {"qagent": {"hit_weight": 0.25}}})
     assert cfgs.qagent_hit_weight == 0.25 and WorkflowConfigs.from_params({}).qagent_hit_weight == 0.5
+
+
+def test_an_mask_evaluation_row_gets_its_team_reward_only_where_it_answers_every_turn():
+    from ragteam.agents.mask_workflow import MaskConfig
+    from ragteam.eval.evaluate import SystemSpec, run_system, summarize
+
+    cfgs = WorkflowConfigs(mask=MaskConfig(max_turns=3, top_k=1))
+    team, retr = Team(ScriptedEngine(_mask_reply)), KeywordRetriever(MASK_PASSAGES)
+    every = run_system(SystemSpec(workflow="mask", answer_every_turn=True), MASK_ROWS, team, retr, cfgs, "mask")
+    once = run_system(SystemSpec(workflow="mask"), MASK_ROWS, team, retr, cfgs, "mask")
+    assert [e.metrics["team_reward"] for e in every] == pytest.approx([4 / 6, 0.0, -1.0])
+    assert all("team_reward" not in e.metrics for e in once)
+    # the same answers, scores and searches; the row that answers every turn pays one Answer call a turn more
+    assert [e.metrics["f1"] for e in every] == [e.metrics["f1"] for e in once]
+    s_every, s_once = summarize(every), summarize(once)
+    assert s_every["searches"] == s_once["searches"] and s_every["llm_calls"] > s_once["llm_calls"]
+    with pytest.raises(ValueError, match="answer_every_turn is an M-ASK row setting"):
+        SystemSpec(workflow="jade", answer_every_turn=True)

@@ -12,8 +12,10 @@
 
 Every step is one engine call over all episodes waiting at it. Every call records `meta["turn"]` (0 = Planning)
 and, for Planning / Answer, `meta["answer"]` (the a_t the turn-level rewards score); Search calls record `query` or
-`end`; the episode records `meta.workflow.turns`, `.searches` and `stop_reason` (`end` | `max_turns`) and the final K in
-`meta["knowledge"]`. Malformed outputs follow the fallbacks documented in `ragteam.agents.mask`.
+`end`; the episode records `meta.workflow.turns`, `.searches` and `stop_reason` (`end` | `max_turns`), the final K in
+`meta["knowledge"]`, and `meta["answered_every_turn"]` (training mode or `answer_every_turn`: the episode has the a_t
+of every turn, so its turn-level rewards are defined; the final answer is the same either way, the Answer call on the
+last K). Malformed outputs follow the fallbacks documented in `ragteam.agents.mask`.
 """
 from __future__ import annotations
 
@@ -160,6 +162,7 @@ def run_mask(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: MaskCo
         ep.final_answer = states[i].predicted_answer
         # per-question figures the evaluation averages (meta["workflow"], as JADE's): M-ASK's efficiency measures
         ep.meta.update(workflow={"turns": turns[i], "searches": len(ep.queries)}, stop_reason=stop[i],
-                       knowledge=states[i].to_dict(), history=[[h.query, h.summary] for h in history[i]])
+                       knowledge=states[i].to_dict(), history=[[h.query, h.summary] for h in history[i]],
+                       answered_every_turn=every_turn)   # the turn-level rewards (Eq. 2-3) are defined on it
         finish_episode(ep)
     return eps

@@ -84,6 +84,16 @@ class SystemSpec(Strict):
     # every role of the workflow decodes under its format's regex (guided decoding, `ragteam.agents.grammars`; the
     # vllm engine only): the "<system>_grammar" rows, what a system loses to formatting alone
     grammar: bool = False
+    # mask rows: the Answer agent after every turn (Algorithm 1) instead of once at the end (§3.3), so the row gets
+    # M-ASK's own training reward (Eq. 2-3) as its team reward; the final answer is the same call on the same last K.
+    # It costs an Answer call a turn, which the row's cost columns count. None: the `mask` section's
+    answer_every_turn: bool | None = None
+
+    @model_validator(mode="after")
+    def _every_turn_is_mask(self):
+        if self.answer_every_turn is not None and self.workflow != "mask":
+            raise ValueError(f"answer_every_turn is an M-ASK row setting (workflow mask), not {self.workflow!r}")
+        return self
 
     @model_validator(mode="after")
     def _grammar_has_a_table(self):
@@ -230,8 +240,8 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
 
     JADE episodes with golden answers also get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported, and
     DECOR's their Eq. 2-3 rewards (`decor.reward`, judge `decor.judge`); every JADE, DECOR and QAgent episode with
-    golds gets its system's training reward as `metrics["team_reward"]` (`ragteam.rewards.team`; M-ASK's needs a
-    training rollout). LJ is scored for DECOR systems and, with `lj`, for any system (judge: `cfgs.decor.judge` on
+    golds gets its system's training reward as `metrics["team_reward"]` (`ragteam.rewards.team`), and so does every
+    M-ASK episode of a row that answers after every turn (`SystemSpec.answer_every_turn`). LJ is scored for DECOR systems and, with `lj`, for any system (judge: `cfgs.decor.judge` on
     `team`; for DECOR from the same verdicts as its rewards)."""
     if spec.workflow != "native" and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
@@ -248,7 +258,7 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
     elif spec.workflow == "sure":
         eps = run_sure(rows, team, retriever, cfgs.baselines.sure, system=name)
     elif spec.workflow == "mask":
-        eps = run_mask(rows, team, retriever, cfgs.mask, system=name)
+        eps = run_mask(rows, team, retriever, mask_config(spec, cfgs), system=name)
     elif spec.workflow == "jade":
         eps = run_jade(rows, team, retriever, cfgs.jade, system=name)
     elif spec.workflow == "decor":
@@ -269,10 +279,25 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         # one judging pass: the role verdicts of the rewards and R_LJ, which is also the LJ score
         for ep, j in zip(scored, decor_rewards(scored, judge, cfgs.decor.reward)):
             ep.metrics["lj"] = j.lj
-    if spec.workflow in TEAM_REWARD_WORKFLOWS:
+    if has_team_reward(spec, cfgs):
         set_team_rewards(eps, spec.workflow, hit_weight=cfgs.qagent_hit_weight,
-                         passage_words=cfgs.qagent.passage_words)
+                         passage_words=cfgs.qagent.passage_words, mask_penalty=cfgs.mask.format_penalty)
     return eps
+
+
+def mask_config(spec: SystemSpec, cfgs: WorkflowConfigs) -> MaskConfig:
+    """The `mask` section with the row's `answer_every_turn`, where it sets one."""
+    if spec.answer_every_turn is None:
+        return cfgs.mask
+    return cfgs.mask.model_copy(update={"answer_every_turn": spec.answer_every_turn})
+
+
+def has_team_reward(spec: SystemSpec, cfgs: WorkflowConfigs) -> bool:
+    """Whether a row's episodes get `metrics["team_reward"]`: JADE, DECOR and QAgent rows always, M-ASK rows that
+    answer after every turn (`ragteam.rewards.team`)."""
+    if spec.workflow == "mask":
+        return mask_config(spec, cfgs).answer_every_turn
+    return spec.workflow in TEAM_REWARD_WORKFLOWS
 
 
 def silence(ep: Episode) -> dict[str, float]:
@@ -402,7 +427,7 @@ COMPARED = ("systems.*.avg.em", "systems.*.avg.f1", "systems.*.avg.no_answer", "
 
 # ---- uncertainty: intervals per system x benchmark, paired differences between systems ---------------------------
 
-INTERVAL_KEYS = ("em", "f1", *SILENCE_KEYS, "team_reward")   # team_reward: rows of TEAM_REWARD_WORKFLOWS only
+INTERVAL_KEYS = ("em", "f1", *SILENCE_KEYS, "team_reward")   # team_reward: the rows of has_team_reward only
 
 
 def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequence[str]] | None = None

@@ -12,8 +12,12 @@ Per system, the quantity its trainer optimises, from the reward functions the tr
 - QAgent end to end (`qagent` rows): Eq. 7, the format gate times the strict EM of its own <answer> (stage 1).
 - QAgent as a plug-in (`qagent_plugin` rows): Eq. 8-10, EM(A*, G(q, K)) + hit_weight · Hit(τ, A*) (stage 2), with
   the row's own frozen G's answer (its final answer) in place of a second generator call.
-- M-ASK: none. Its turn-level rewards (Eq. 2-3) need an answer after every turn (Algorithm 1's training rollout);
-  the inference workflow answers once at the end (§3.3), so an evaluation episode does not define them.
+- M-ASK: the mean over the episode's calls of Eq. 2-3 minus `mask.format_penalty` per malformed call
+  (`mask.annotate_mask_episode`), as its trainer's step reward averages them (each call is its own GAE scope). The
+  turn-level rewards need the answer a_t after every turn (Algorithm 1), which the inference workflow (§3.3) does not
+  give; an evaluation row that sets `answer_every_turn` runs the Answer agent after each turn as training does, and
+  its final answer is the same call on the same last K as the single final call of inference. An episode without
+  them (`meta["answered_every_turn"]` false) is refused with the reason.
 
 Degenerate outputs score what training gives them: an empty or unparsable answer gets JADE's format penalty and
 F1 0, DECOR's gate, QAgent's 0 (stage 1) or only its Hit (stage 2). That holds for an answer the evaluation's answer
@@ -29,8 +33,8 @@ from collections.abc import Sequence
 
 from ragteam.records import Episode
 
-# workflows of `ragteam.eval.evaluate` whose rows get a team reward (M-ASK: see the module docstring)
-WORKFLOWS = ("jade", "decor", "qagent", "qagent_plugin")
+# workflows of `ragteam.eval.evaluate` whose rows get a team reward (M-ASK's rows: with an answer after every turn)
+WORKFLOWS = ("jade", "decor", "qagent", "qagent_plugin", "mask")
 
 
 def episode_return(ep: Episode) -> float:
@@ -49,6 +53,19 @@ def decor_team_reward(ep: Episode) -> float:
     if not rewards or any(r is None for r in rewards):
         raise ValueError(f"episode {ep.episode_id}: DECOR policy calls without a reward (assign_rewards first)")
     return float(sum(rewards) / len(rewards))
+
+
+def mask_team_reward(ep: Episode, penalty: float) -> float:
+    """The mean call reward of an M-ASK episode that answered after every turn (Eq. 2-3, −penalty per malformed
+    call); the call rewards are filled in place, as JADE's and DECOR's are by evaluation."""
+    from ragteam.rewards.mask import annotate_mask_episode
+
+    if not ep.meta.get("answered_every_turn"):
+        raise ValueError(f"episode {ep.episode_id} ({ep.question_id}): M-ASK's turn-level rewards (Eq. 2-3) need the "
+                         f"Answer agent after every turn; this episode answered once at the end (set the row's "
+                         f"answer_every_turn: true, or mask.answer_every_turn)")
+    annotate_mask_episode(ep, penalty)
+    return float(sum(c.reward for c in ep.calls) / len(ep.calls))
 
 
 def resampled_calls(ep: Episode) -> list[int]:
@@ -84,14 +101,15 @@ def qagent_team_reward(ep: Episode, plugin: bool, hit_weight: float, passage_wor
 
 def check_workflow(workflow: str) -> None:
     if workflow not in WORKFLOWS:
-        raise ValueError(f"no team reward for workflow {workflow!r}: defined for {', '.join(WORKFLOWS)} (M-ASK's "
-                         f"turn-level rewards need a training rollout's answer after every turn)")
+        raise ValueError(f"no team reward for workflow {workflow!r}: defined for {', '.join(WORKFLOWS)} (the "
+                         f"systems trained by a reward of their own)")
 
 
 def set_team_rewards(episodes: Sequence[Episode], workflow: str, *, hit_weight: float = 0.5,
-                     passage_words: int | None = None) -> None:
+                     passage_words: int | None = None, mask_penalty: float = 1.0) -> None:
     """`Episode.metrics["team_reward"]` of every scored episode (golden answers) of a `workflow` row whose call
-    rewards are in place (JADE, DECOR) or computable from the episode (QAgent)."""
+    rewards are in place (JADE, DECOR) or computable from the episode (QAgent; M-ASK's with an answer after every
+    turn, `mask_penalty` its `mask.format_penalty`)."""
     check_workflow(workflow)
     for ep in episodes:
         if not ep.golden_answers:
@@ -104,6 +122,8 @@ def set_team_rewards(episodes: Sequence[Episode], workflow: str, *, hit_weight: 
             r = episode_return(ep)
         elif workflow == "decor":
             r = decor_team_reward(ep)
+        elif workflow == "mask":
+            r = mask_team_reward(ep, mask_penalty)
         else:
             r = qagent_team_reward(ep, workflow == "qagent_plugin", hit_weight, passage_words)
         ep.metrics["team_reward"] = r
