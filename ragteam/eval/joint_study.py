@@ -12,8 +12,8 @@ records of `warmup_joint@<system>` and `train_joint@<system>`; the summary reads
 number it states traces to an experiment commit and, through its `dvc.lock`, to data, code and params.
 
 Per system and metric (EM, F1, and the system's own training reward x100 where every run's rows have it, JADE,
-DECOR and QAgent from e76f5a8 on): each row's mean ± sd over seeds; per compared pair (warm-up − base, RL over warm-up,
-warm-up + RL − base) the seed-mean difference with its t-interval over seeds (`stats.seed_summary`), each seed's
+DECOR and QAgent from e76f5a8 on, M-ASK from 54254a3 on): each row's mean ± sd over seeds; per compared pair
+(warm-up − base, RL over warm-up, warm-up + RL − base) the seed-mean difference with its t-interval over seeds (`stats.seed_summary`), each seed's
 paired bootstrap interval as `evaluate` computed it, the signs and how many seeds' own intervals exclude 0. The
 training side: the warm-up's held-out format error rate where it stopped, and RL's team reward and format error rate
 at its first and last steps (quarter means, `train.curves.summarize`), per seed.
@@ -35,7 +35,7 @@ TRAIN_FILE = "metrics/train_joint_{system}.json"
 WARMUP_FILE = "metrics/warmup_joint_{system}.json"
 METRICS = ("em", "f1")
 # the system's own training reward x100 (`ragteam.rewards.team`): reported where every run's rows and pairs have it
-# (JADE, DECOR, QAgent rows of runs from e76f5a8 on; M-ASK's rows have none)
+# (JADE, DECOR, QAgent rows of runs from e76f5a8 on; M-ASK's rows, which answer after every turn, from 54254a3 on)
 OPTIONAL_METRICS = ("team_reward",)
 LABELS = {"em": "EM", "f1": "F1", "team_reward": "team reward ×100"}
 ROWS = {"base": "{s}", "warm-up": "{s}_warmup", "warm-up + RL": "{s}_trained"}   # eval.systems names per system
