@@ -1,6 +1,7 @@
 """The joint systems' own training reward on evaluation episodes (`ragteam.rewards.team`, issue 25 §3): worked out
 by hand for a right, a wrong and a degenerate output of JADE, DECOR, QAgent (end to end and as a plug-in) and
-M-ASK (whose inference episodes, answered once, are refused with the fix), and `evaluate` averaging it x100 per row and pairing it between rows with an interval."""
+M-ASK (whose inference episodes, answered once, are refused with the fix), and `evaluate` averaging it x100 per
+row and pairing it between rows with an interval."""
 from __future__ import annotations
 
 import json
@@ -149,7 +150,8 @@ def _mask_reply(role: str, messages) -> str:
     user = messages[-1]["content"]
     if "garbled" in user:
         return {M.PLANNING: "<predicted_answer></predicted_answer>", M.SEARCH: "<search></search>",
-                M.SUMMARY: "<evidence></evidence>", M.UPDATE: "", M.ANSWER: "<predicted_answer></predicted_answer>"}[role]
+                M.SUMMARY: "<evidence></evidence>", M.UPDATE: "",
+                M.ANSWER: "<predicted_answer></predicted_answer>"}[role]
     if role == M.PLANNING:
         return "<q1>Which place?</q1><a1>unkown</a1><predicted_answer>Paris</predicted_answer>"
     if role == M.SEARCH:
@@ -158,7 +160,8 @@ def _mask_reply(role: str, messages) -> str:
         return "<evidence>Xville is the capital of Xland.</evidence>"
     if role == M.UPDATE:
         return "<Update>t1</Update>"
-    return "<predicted_answer>Xville</predicted_answer>" if "capital" in user else "<predicted_answer>Paris</predicted_answer>"
+    answer = "Xville" if "capital" in user else "Paris"
+    return f"<predicted_answer>{answer}</predicted_answer>"
 
 
 def _mask(every_turn: bool) -> list[Episode]:

@@ -13,9 +13,9 @@ number it states traces to an experiment commit and, through its `dvc.lock`, to 
 
 Per system and metric (EM, F1, and the system's own training reward x100 where every run's rows have it, JADE,
 DECOR and QAgent from e76f5a8 on, M-ASK from 54254a3 on): each row's mean ± sd over seeds; per compared pair
-(warm-up − base, RL over warm-up, warm-up + RL − base) the seed-mean difference with its t-interval over seeds (`stats.seed_summary`), each seed's
-paired bootstrap interval as `evaluate` computed it, the signs and how many seeds' own intervals exclude 0. The
-training side: the warm-up's held-out format error rate where it stopped, and RL's team reward and format error rate
+(warm-up − base, RL over warm-up, warm-up + RL − base) the seed-mean difference with its t-interval over seeds
+(`stats.seed_summary`), each seed's paired bootstrap interval as `evaluate` computed it, the signs and how many
+seeds' own intervals exclude 0. The training side: the warm-up's held-out format error rate where it stopped, and RL's team reward and format error rate
 at its first and last steps (quarter means, `train.curves.summarize`), per seed.
 """
 from __future__ import annotations
