@@ -221,6 +221,62 @@ def replicate_joint_summary(
     _write_report(out_md, out_json, joint_study.report_markdown(summary, names, notes), summary)
 
 
+def _episode_scores(rev: str, system: str, benchmark: str) -> tuple[list[str], dict[str, list[float]]] | None:
+    """(question ids, per-question scores) of `evaluate`'s episodes of one row and benchmark at commit `rev`, read
+    through DVC (this checkout's cache, else its default remote); None where neither holds them."""
+    import dvc.api
+    from dvc.exceptions import DvcException
+
+    from ragteam.eval.evaluate import question_scores
+    from ragteam.eval.team_study import EPISODES
+    from ragteam.io import DataError
+    from ragteam.records import Episode
+
+    path = EPISODES.format(system=system, benchmark=benchmark)
+    try:
+        text = dvc.api.read(path, repo=".", rev=rev, mode="r", encoding="utf-8")
+    except (DvcException, FileNotFoundError):
+        return None
+    episodes = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                episodes.append(Episode.model_validate_json(line))
+            except ValueError as e:
+                raise DataError(f"{path}@{rev[:7]}:{lineno}: not a valid Episode: {e}") from None
+    return [e.question_id for e in episodes], question_scores(episodes)
+
+
+@replicate_app.command("team-summary")
+def replicate_team_summary(
+    exp_json: Optional[Path] = typer.Option(None, "--exp-json", help="saved `dvc exp show --json` output "
+                                            "(default: run it here)"),
+    exp: Optional[list[str]] = typer.Option(None, "--exp", help="only these experiments (names or revisions)"),
+    pair: tuple[str, str] = typer.Option(("maps", "maps_untrained"), "--pair", help="the two eval.systems rows "
+                                         "compared, a − b"),
+    pooled: bool = typer.Option(True, "--pooled/--no-pooled", help="pool the seeds' per-question scores (read "
+                                "through DVC at each run's commit) into one paired bootstrap"),
+    out_md: Path = typer.Option(Path("reports/team_study.md"), help="the report"),
+    out_json: Path = typer.Option(Path("metrics/team_study.json"), help="the summary as JSON"),
+    resamples: int = typer.Option(10_000, help="bootstrap resamples of the pooled interval"),
+    seed: int = typer.Option(0, help="bootstrap seed"),
+) -> None:
+    """Two rows of `evaluate` (the trained MAPS team vs the untrained one) over seed runs (DVC experiments differing
+    only in the MAPS training seeds): per benchmark, mean ± sd, t-interval over seeds, each seed's paired bootstrap
+    and the pooled one -> reports/team_study.md and metrics/team_study.json."""
+    from ragteam.eval import team_study
+    from ragteam.eval.stats import BootstrapConfig
+    from ragteam.io import DataError
+
+    cfg = BootstrapConfig(resamples=resamples, seed=seed)
+    try:
+        runs, notes = team_study.load_runs(_exp_show(exp_json), _at_rev, select=exp, pair=pair)
+        summary = team_study.summarize(runs, pair, _episode_scores if pooled else None, cfg)
+    except (ValueError, OSError, DataError) as e:
+        raise fail(e)
+    _write_report(out_md, out_json, team_study.report_markdown(summary, notes, cfg), summary)
+
+
 @replicate_app.command("keep")
 def replicate_keep(
     experiments: list[str] = typer.Argument(..., help="DVC experiment names (or commits) whose records a study "
