@@ -84,20 +84,41 @@ def data_validate(
     raise typer.Exit(0 if rep.success else 1)
 
 
+def _check_params(params: dict, source: str) -> None:
+    """`ragteam.params_check.check_params` with the checkout's stage models importable (they live beside dvc.yaml)."""
+    import ragteam
+    from ragteam.lineage import LineageError, find_root
+
+    try:
+        root = find_root()
+    except LineageError:
+        root = None
+    if root is None or not (root / "stages").is_dir():      # the checkout this ragteam comes from has them
+        root = Path(ragteam.__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from ragteam.params_check import check_params
+
+    check_params(params, source)
+
+
 @profile_app.command("flags")
 def profile_flags(names: list[str], params: Path = Path("params.yaml")) -> None:
     """Print `-S key=value` flags applying profiles/<name>.yaml (several: in order), for
     `dvc exp run $(ragteam profile flags paper table3)`."""
+    from ragteam.profiles import merged_params
     from ragteam.profiles import profile_flags as flags
 
+    _check_params(merged_params(names, params), f"{params} with profile(s) {', '.join(names)}")
     typer.echo(" ".join(flags(names, params)))
 
 
 @profile_app.command("apply")
 def profile_apply(name: str, params: Path = Path("params.yaml")) -> None:
     """Rewrite params.yaml with profiles/<name>.yaml merged over it (for `dvc repro`; git keeps the old one)."""
-    from ragteam.profiles import apply_profile
+    from ragteam.profiles import apply_profile, merged_params
 
+    _check_params(merged_params([name], params), f"{params} with profile {name}")
     changed = apply_profile(name, params)
     typer.echo(f"{params}: applied profile {name!r} ({len(changed)} values changed)")
 
@@ -363,6 +384,10 @@ def flow_run(
     from flows.pipeline import describe_plan, flow_for
 
     try:  # also checks targets and params before a Prefect server is started
+        from ragteam.config import load_params
+
+        if (root / "params.yaml").is_file():
+            _check_params(load_params(root / "params.yaml"), str(root / "params.yaml"))
         plan = describe_plan(root, targets or None, not single, remote, ray_address)
     except (LineageError, ParamsError) as e:
         raise fail(e)
@@ -455,6 +480,9 @@ def serve_retriever(
                                max_query_chars=max_query_chars or base.max_query_chars,
                                max_topk=max_topk or base.max_topk, default_topk=topk or base.default_topk,
                                max_batch=base.max_batch)
+        for i in index:
+            _local_input(i, "index (--index)", "build it with its stage (`dvc repro index_bm25@bm25s`, "
+                         "`index_dense`) or `dvc pull` it")
         retriever = open_retriever(index, corpus=corpus, encoder=encoder, convention=convention, device=device)
     except (ParamsError, DataError, ValueError, RuntimeError) as e:
         raise fail(e)
@@ -462,6 +490,19 @@ def serve_retriever(
     port = port or (cfg.port if cfg else 8000)
     typer.echo(f"serving {', '.join(map(str, index))} on http://{host}:{port} (POST /retrieve, POST /search)", err=True)
     serve(retriever, host=host, port=port, limits=limits, name="+".join(p.name for p in index))
+
+
+def _local_input(path: str | Path, what: str, fix: str) -> None:
+    """Refuse, naming it and the fix, a local input that is not there (a model directory or index a stage writes);
+    hub ids (`hf:`), URLs and retrieval services are left to their loaders."""
+    from ragteam.io import DataError
+
+    text = str(path)
+    if text.startswith(("hf:", "http://", "https://")) or Path(text).exists():
+        return
+    if "/" not in text and not text.startswith("."):   # a bare hub id (`org/name` has a slash: checked above)
+        return
+    raise DataError(f"{text}: no such {what}: {fix}")
 
 
 @app.command("ask")
@@ -486,9 +527,16 @@ def ask(
         if system not in ev.systems:
             raise ParamsError(f"--system {system!r} is not in eval.systems ({', '.join(ev.systems)})")
         spec, retriever = ev.systems[system], None
+        _local_input(llm.model, "model directory (llm.model)", "run `dvc repro prepare_models` (or `dvc pull "
+                     f"{llm.model}`) first")
+        if spec.model:
+            _local_input(spec.model, f"model directory (eval.systems.{system}.model)", "run the stage that trains "
+                         f"it (`dvc repro evaluate` runs every one) or `dvc pull {spec.model}` first")
         if spec.workflow != "native":
             from ragteam.retrieval import open_retriever
 
+            _local_input(index or ev.retriever, "index", "build it with `dvc repro index_bm25@bm25s` (the "
+                         "default's; dense: index_dense) or `dvc pull` it, or name another with --index")
             retriever = open_retriever(index or ev.retriever)
         cfgs = WorkflowConfigs.from_params(p, ev.baselines)
         team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling, cfgs.decor.frozen_roles())
@@ -536,6 +584,10 @@ def oracle_traces(
     try:
         p = load_params(params)
         oracle_system(system, p)          # an unknown system fails here, before the tokenizer and index load
+        _local_input(model or p["llm"]["model"], "model directory (--model, default llm.model)",
+                     "run `dvc repro prepare_models` (or `dvc pull models/llm`) first")
+        _local_input(index or p["joint"]["retriever"], "index (--index, default joint.retriever)",
+                     "build it with `dvc repro index_bm25@bm25s` or `dvc pull` it")
         tok = AutoTokenizer.from_pretrained(str(model or p["llm"]["model"]))
         retriever = open_retriever(index or p["joint"]["retriever"], corpus=corpus)
         summary = write_system_traces(system, pool, corpus, retriever, benchmarks, tok, p,

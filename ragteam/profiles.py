@@ -108,6 +108,17 @@ def profile_flags(names: list[str], params: Path = Path("params.yaml"), director
     return to_set_flags(overlay, base)
 
 
+def merged_params(names: list[str], params: Path = Path("params.yaml"), directory: Path = PROFILE_DIR) -> dict:
+    """`params` with profiles `names` applied in order, as `dvc exp run` with their flags (or `profile apply`)
+    leaves params.yaml: what `ragteam.params_check.check_params` checks before either."""
+    base, merged = load_params(params), load_params(params)
+    for name in names:
+        one = load_profile(name, directory)
+        check_keys(base, one)
+        merged = deep_merge(merged, one)
+    return _without_removed(merged)
+
+
 def apply_profile(name: str, params: Path = Path("params.yaml"), directory: Path = PROFILE_DIR) -> list[str]:
     base, overlay = load_params(params), load_profile(name, directory)
     check_keys(base, overlay)

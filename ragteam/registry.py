@@ -87,6 +87,11 @@ def versions(root: str | Path, artifact: str | None = None) -> list[Registered]:
     import gto.api
 
     r = Path(root).resolve()
+    if artifact is not None:
+        arts = declared_artifacts(r)
+        if artifact not in arts:
+            raise RegistryError(f"artifact {artifact!r} is not in dvc.yaml's artifacts (declared: "
+                                f"{', '.join(sorted(arts)) or 'none'})")
     names = [artifact] if artifact else sorted(gto.api.show(r))
     out = []
     for name in names:

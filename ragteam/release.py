@@ -41,9 +41,28 @@ def _open_fs(repo: str, rev: str):
     from dvc.api import DVCFileSystem
 
     try:
-        return DVCFileSystem(repo, rev=rev)
+        fs = DVCFileSystem(repo, rev=rev)
+        fs.repo.scm.get_rev()    # the filesystem opens lazily: resolve the revision here, inside the try
+        return fs
     except Exception as e:   # dvc raises its own SCM/clone errors; a user's bad URL or rev is what they mean
+        if "unknown Git revision" in str(e) and "@" in rev:
+            artifact, _, version = rev.partition("@")
+            raise RegistryError(f"{repo}: no tag {rev}: {version} of {artifact!r} is not registered there (list the "
+                                f"versions with `ragteam registry list`; fetch the tags of a clone with "
+                                f"`git fetch --tags`)") from e
         raise RegistryError(f"{repo} at {rev}: cannot open it ({type(e).__name__}: {e})") from e
+
+
+def _unreadable(fs, path: str) -> bool:
+    """Whether the DVC output directory `path` exists at the revision but cannot be listed: its `.dir` listing is in
+    neither the cache nor the remote (DVC then answers `exists` False for every file under it)."""
+    try:
+        if not fs.isdir(path):
+            return False
+        fs.ls(path)
+        return False
+    except Exception:   # DataIndexDirError and its kin: the listing could not be loaded
+        return True
 
 
 def _read_yaml(fs, path: str) -> dict:
@@ -234,7 +253,15 @@ def get_release(repo: str | Path, artifact: str, version: str, out: str | Path, 
     path = str(arts[artifact]["path"]).rstrip("/")
     lock = _read_yaml(fs, "dvc.lock")
     card_path = f"{path}/{README}"
-    if not fs.exists(card_path):
+    try:
+        has_card = fs.exists(card_path)
+    except Exception:   # DVC's own index errors: the output's listing is in no cache or remote here
+        has_card = None
+    if has_card is None or (not has_card and _unreadable(fs, path)):
+        raise RegistryError(f"{tag}: {path} is an output of that commit, but its files are in neither the DVC cache "
+                            f"nor the remote of {repo}: run `dvc push` in the checkout that trained it (or point "
+                            f"--repo at one whose remote holds them)")
+    if not has_card:
         raise RegistryError(f"{tag}: {path} has no {README} (a model card); only trained agents have one")
     card = fs.read_text(card_path)
 

@@ -43,3 +43,76 @@ def test_error_line_folds_whitespace_and_names_a_missing_file():
     assert error_line(ValueError("a\n  b\tc")) == "a b c"
     assert error_line(FileNotFoundError(2, "No such file or directory", "x/y.json")) == "x/y.json: file not found"
     assert error_line(ValueError()) == "ValueError"
+
+
+def test_a_missing_model_or_index_names_the_stage_that_makes_it(tmp_path):
+    """A model directory or index a stage writes, missing (a fresh clone before `dvc repro` / `dvc pull`): one line
+    naming the path, the param it came from and the fix, before any loader runs (transformers would try the hub)."""
+    import yaml
+
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p["llm"]["model"] = str(tmp_path / "no-model")
+    p["eval"]["retriever"] = str(tmp_path / "no-index")
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(p))
+    (tmp_path / "model").mkdir()
+    cases = [
+        (["ask", "--system", "native", "--params", str(params), "who?"],
+         f"{tmp_path}/no-model: no such model directory (llm.model): run `dvc repro prepare_models`"),
+        (["oracle-traces", "mask", "--params", str(params)],
+         f"{tmp_path}/no-model: no such model directory (--model, default llm.model)"),
+        (["oracle-traces", "mask", "--params", str(params), "--model", str(tmp_path / "model"), "--index",
+          str(tmp_path / "gone")], f"{tmp_path}/gone: no such index (--index, default joint.retriever)"),
+        (["serve-retriever", "--index", str(tmp_path / "gone")],
+         f"{tmp_path}/gone: no such index (--index): build it with its stage"),
+    ]
+    p["llm"]["model"] = str(tmp_path / "model")
+    (tmp_path / "with-model.yaml").write_text(yaml.safe_dump(p))
+    cases.append((["ask", "--system", "standard_rag", "--params", str(tmp_path / "with-model.yaml"), "who?"],
+                  f"{tmp_path}/no-index: no such index: build it with `dvc repro index_bm25@bm25s`"))
+    for argv, names in cases:
+        done = subprocess.run([sys.executable, "-m", "ragteam.cli", *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("ERROR "), (argv, done.stderr)
+        assert names in lines[0], (argv, lines[0])
+
+
+@pytest.mark.parametrize("edit, names", [
+    (lambda p: p["llm"].__setitem__("threads", "many"),
+     "llm.threads: Input should be a valid integer, unable to parse string as an integer (got 'many')"),
+    (lambda p: p["joint"].__setitem__("systems", ["mask", "nosuch"]),
+     "joint.systems: unknown system(s) ['nosuch'] (known: decor, jade, mask, qagent)"),
+    (lambda p: p["joint"]["decor"]["ppo"].__setitem__("clip_eps", "wide"), "joint.decor.ppo.clip_eps"),
+    (lambda p: p["warmup"]["systems"]["decor"].__setitem__("stop_when", "never"), "warmup.systems.decor"),
+    (lambda p: p["eval"]["systems"]["maps"].__setitem__("workflow", "nosuch"), "eval.systems.maps.workflow"),
+])
+def test_a_bad_param_value_is_refused_before_a_run_or_a_profile(tmp_path, edit, names):
+    """`flow run` (a dry run too) and `profile flags / apply` check every section with the models the stages parse
+    it with: a bad value deep in params.yaml is one line at once, not a failure an hour into the run."""
+    import yaml
+
+    for rel in ("dvc.yaml", "profiles/table3.yaml"):      # table3 adds report rows only: the bad value stays
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    edit(p)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    before = (tmp_path / "params.yaml").read_text()
+    for argv in (["flow", "run", "--dry-run"], ["profile", "flags", "table3"], ["profile", "apply", "table3"]):
+        done = subprocess.run([sys.executable, "-m", "ragteam.cli", *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("ERROR "), (argv, done.stderr)
+        assert names in lines[0] and "Traceback" not in done.stderr, (argv, lines[0])
+    assert (tmp_path / "params.yaml").read_text() == before
+
+
+def test_every_profile_over_the_default_passes_the_check():
+    from ragteam.config import load_params
+    from ragteam.params_check import check_params
+    from ragteam.profiles import merged_params
+
+    check_params(load_params(ROOT / "params.yaml"))
+    for prof in sorted((ROOT / "profiles").glob("*.yaml")):
+        check_params(merged_params([prof.stem], ROOT / "params.yaml", ROOT / "profiles"), prof.name)

@@ -96,6 +96,38 @@ def test_register_refuses_what_is_not_a_produced_artifact_or_not_a_version(repo,
     assert done.returncode == 1 and done.stderr.startswith("ERROR artifact 'nosuch'") and "Traceback" not in done.stderr
 
 
+
+def test_registry_list_and_get_name_a_user_mistake_in_one_line(repo, tmp_path):
+    """An unknown artifact or version, or weights no cache or remote holds: one ERROR line with the fix, exit 1."""
+    import shutil
+
+    train(repo, 1)
+    register(repo, "answer-agent")
+
+    def cli(*args):
+        done = subprocess.run([sys.executable, "-m", "ragteam.cli", "registry", *args], capture_output=True,
+                              text=True, cwd=repo, timeout=300)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("ERROR "), done.stderr
+        assert "Traceback" not in done.stderr
+        return lines[0]
+
+    assert "artifact 'nosuch' is not in dvc.yaml's artifacts (declared: answer-agent, judge-agent)" in cli(
+        "list", "nosuch")
+    assert "no tag answer-agent@v0.0.9: v0.0.9 of 'answer-agent' is not registered" in cli(
+        "get", "answer-agent", "v0.0.9", "-o", str(tmp_path / "a"))
+    assert "no tag nosuch@v0.0.1" in cli("get", "nosuch", "v0.0.1", "-o", str(tmp_path / "b"))
+    # the weights are here, but this toy agent has no model card
+    assert "models/agents/answer has no README.md" in cli("get", "answer-agent", "v0.0.1", "-o", str(tmp_path / "c"))
+    # a fresh clone whose remote never got the weights: the fix is a push, not a card
+    shutil.rmtree(tmp_path / "remote")
+    run(["git", "clone", "-q", str(repo), str(tmp_path / "fresh")], tmp_path)
+    repo = tmp_path / "fresh"
+    line = cli("get", "answer-agent", "v0.0.1", "-o", str(tmp_path / "d"))
+    assert "in neither the DVC cache nor the remote" in line and "dvc push" in line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "d").exists()
+
+
 # ---- release cards: `ragteam registry get` (ragteam.release) ----
 
 TRAIN_PY = """\
