@@ -84,19 +84,28 @@ def data_validate(
     raise typer.Exit(0 if rep.success else 1)
 
 
-def _check_params(params: dict, source: str) -> None:
-    """`ragteam.params_check.check_params` with the checkout's stage models importable (they live beside dvc.yaml)."""
+def _checkout_on_path(folder: str, root: Path | None = None) -> Path:
+    """Put on sys.path the checkout whose `folder` (`stages/`, `flows/`: beside dvc.yaml, outside the installed
+    package) is imported: `root` (default: the dvc.yaml above the working directory) where it has one, else the
+    checkout this ragteam comes from."""
     import ragteam
     from ragteam.lineage import LineageError, find_root
 
-    try:
-        root = find_root()
-    except LineageError:
-        root = None
-    if root is None or not (root / "stages").is_dir():      # the checkout this ragteam comes from has them
+    if root is None:
+        try:
+            root = find_root()
+        except LineageError:
+            root = None
+    if root is None or not (root / folder).is_dir():
         root = Path(ragteam.__file__).resolve().parents[1]
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    return root
+
+
+def _check_params(params: dict, source: str) -> None:
+    """`ragteam.params_check.check_params` with the checkout's stage models importable."""
+    _checkout_on_path("stages")
     from ragteam.params_check import check_params
 
     check_params(params, source)
@@ -193,7 +202,7 @@ def _exp_show(exp_json: Optional[Path]) -> list:
 
     if exp_json:
         return json.loads(exp_json.read_text())
-    done = subprocess.run(["dvc", "exp", "show", "--json"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], capture_output=True, text=True)
     if done.returncode:
         raise ValueError(f"dvc exp show --json failed: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout)
@@ -245,26 +254,25 @@ def replicate_joint_summary(
 def _episode_scores(rev: str, system: str, benchmark: str) -> tuple[list[str], dict[str, list[float]]] | None:
     """(question ids, per-question scores) of `evaluate`'s episodes of one row and benchmark at commit `rev`, read
     through DVC (this checkout's cache, else its default remote); None where neither holds them."""
+    import tempfile
+
     import dvc.api
     from dvc.exceptions import DvcException
+    from dvc_data.index import DataIndexError
 
     from ragteam.eval.evaluate import question_scores
     from ragteam.eval.team_study import EPISODES
-    from ragteam.io import DataError
-    from ragteam.records import Episode
+    from ragteam.records import read_episodes
 
     path = EPISODES.format(system=system, benchmark=benchmark)
-    try:
+    try:   # not there at that commit, or its listing / file in neither the cache nor the remote
         text = dvc.api.read(path, repo=".", rev=rev, mode="r", encoding="utf-8")
-    except (DvcException, FileNotFoundError):
+    except (DvcException, DataIndexError, FileNotFoundError):
         return None
-    episodes = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                episodes.append(Episode.model_validate_json(line))
-            except ValueError as e:
-                raise DataError(f"{path}@{rev[:7]}:{lineno}: not a valid Episode: {e}") from None
+    with tempfile.TemporaryDirectory() as tmp:      # read_episodes names file:line of a bad row
+        local = Path(tmp) / f"{rev[:7]}-{system}-{benchmark}.jsonl"
+        local.write_text(text, encoding="utf-8")
+        episodes = read_episodes(local)
     return [e.question_id for e in episodes], question_scores(episodes)
 
 
@@ -374,13 +382,11 @@ def flow_run(
              "checkout's filesystem; default: params.yaml prefect.ray_address (null: run them here)"),
 ) -> None:
     """Run the pipeline with Prefect (ephemeral local API, PREFECT_HOME=.prefect); exit 1 if a stage fails."""
-    import ragteam
     from ragteam.config import ParamsError
     from ragteam.lineage import LineageError, find_root
 
     root = find_root()
-    # flows/ lives beside dvc.yaml, outside the installed package (else: the checkout ragteam comes from)
-    sys.path.insert(0, str(root if (root / "flows").is_dir() else Path(ragteam.__file__).resolve().parents[1]))
+    _checkout_on_path("flows", root)
     from flows.pipeline import describe_plan, flow_for
 
     try:  # also checks targets and params before a Prefect server is started
@@ -498,11 +504,11 @@ def _local_input(path: str | Path, what: str, fix: str) -> None:
     from ragteam.io import DataError
 
     text = str(path)
-    if text.startswith(("hf:", "http://", "https://")) or Path(text).exists():
+    if Path(text).exists():
         return
-    if "/" not in text and not text.startswith("."):   # a bare hub id (`org/name` has a slash: checked above)
-        return
-    raise DataError(f"{text}: no such {what}: {fix}")
+    # a path into the project's outputs, or one that is plainly a path; `org/name` is a hub id for its loader
+    if Path(text).parts[0] in ("models", "data", "results") or text.startswith(("/", ".", "~")):
+        raise DataError(f"{text}: no such {what}: {fix}")
 
 
 @app.command("ask")

@@ -4,7 +4,9 @@ A stage validates its own sections when it starts (`ragteam.config.parse_section
 would otherwise surface only when the run reaches that stage, maybe an hour in. `check_params` parses every section
 with the same models, and each joint system's merged settings the way `train_joint` and `warmup_joint` merge them,
 so `ragteam flow run` (dry runs too) and `ragteam profile flags / apply` refuse a bad value at once, naming the key.
-The models live beside their stages (`stages/`, `flows/`): run it from the checkout, as those commands do.
+The models live beside their stages (`stages/`): run it from the checkout, as those commands do; a section whose
+stage module this checkout lacks is left to that stage. `prefect` is the flow's own (`flows.pipeline`
+`load_prefect_params`, which `flow run` calls before planning), so profiles need not import Prefect.
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from ragteam.config import ParamsError, parse_section
 SECTIONS: dict[str, str] = {
     "models": "stages.prepare_models:ModelsParams",
     "data": "stages.prepare_data:DataParams",
-    "prefect": "flows.pipeline:PrefectParams",
     "retrieval": "ragteam.retrieval.config:RetrievalParams",
     "llm": "ragteam.llm:LLMConfig",
     "maps": "ragteam.agents.maps_workflow:MapsConfig",
@@ -37,27 +38,34 @@ SECTIONS: dict[str, str] = {
 }
 
 
-def _model(ref: str) -> type:
+def _model(ref: str) -> type | None:
+    """The model class, or None where this checkout has no such stage module (another DVC project's `stages/`)."""
     module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
 
 
 def check_params(params: dict[str, Any], source: str = "params.yaml") -> None:
     """Raise ParamsError naming a bad section's keys and values, or an unknown joint system. Sections the file does not
     have are left to the stages that need them (each names a missing section when it starts)."""
     for section, ref in SECTIONS.items():
-        if section in params:
-            parse_section(params, section, _model(ref), source)
-    if "joint" not in params:
+        if section in params and (model := _model(ref)) is not None:
+            parse_section(params, section, model, source)
+    if "joint" not in params or _model("stages.train_joint:load_joint") is None:
         return
     from stages.train_joint import JointParams, load_joint
 
     systems = (params["joint"] or {}).get("systems") or []
+    if not isinstance(systems, list):
+        raise ParamsError(f"{source}: joint.systems must be a list of system names, got {systems!r}")
     known = sorted(k for k in JointParams.model_fields if k not in ("systems", "retriever", "ppo"))
     unknown = [s for s in systems if s not in known]
     if unknown:
         raise ParamsError(f"{source}: joint.systems: unknown system(s) {unknown} (known: {', '.join(known)})")
-    warm = parse_section(params, "warmup", _model(SECTIONS["warmup"]), source) if "warmup" in params else None
+    warm_model = _model(SECTIONS["warmup"])
+    warm = parse_section(params, "warmup", warm_model, source) if "warmup" in params and warm_model else None
     for s in systems:
         load_joint(params, s)
         if warm is not None:

@@ -111,12 +111,12 @@ def profile_flags(names: list[str], params: Path = Path("params.yaml"), director
 def merged_params(names: list[str], params: Path = Path("params.yaml"), directory: Path = PROFILE_DIR) -> dict:
     """`params` with profiles `names` applied in order, as `dvc exp run` with their flags (or `profile apply`)
     leaves params.yaml: what `ragteam.params_check.check_params` checks before either."""
-    base, merged = load_params(params), load_params(params)
-    for name in names:
-        one = load_profile(name, directory)
+    base, overlay = load_params(params), {}
+    for name in names:              # the overlays merge first, as in profile_flags: a later profile may set a field
+        one = load_profile(name, directory)      # on a row an earlier one takes out, and its flags keep the row
         check_keys(base, one)
-        merged = deep_merge(merged, one)
-    return _without_removed(merged)
+        overlay = deep_merge(overlay, one)
+    return _without_removed(deep_merge(base, overlay))
 
 
 def apply_profile(name: str, params: Path = Path("params.yaml"), directory: Path = PROFILE_DIR) -> list[str]:

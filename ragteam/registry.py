@@ -86,16 +86,20 @@ def versions(root: str | Path, artifact: str | None = None) -> list[Registered]:
     made in the same second have the same timestamp)."""
     import gto.api
 
+    from gto.exceptions import ArtifactNotFound
+
     r = Path(root).resolve()
-    if artifact is not None:
-        arts = declared_artifacts(r)
-        if artifact not in arts:
-            raise RegistryError(f"artifact {artifact!r} is not in dvc.yaml's artifacts (declared: "
-                                f"{', '.join(sorted(arts)) or 'none'})")
     names = [artifact] if artifact else sorted(gto.api.show(r))
     out = []
     for name in names:
-        rows = gto.api.show(r, name)
+        try:    # an artifact with tags is listed even where HEAD's dvc.yaml no longer declares it
+            rows = gto.api.show(r, name)
+        except ArtifactNotFound:
+            declared = declared_artifacts(r)
+            if name in declared:             # declared, never registered: no versions
+                continue
+            raise RegistryError(f"artifact {name!r} is not in dvc.yaml's artifacts and has no registered version "
+                                f"(declared: {', '.join(sorted(declared)) or 'none'})") from None
         for row in sorted(rows, key=lambda x: tuple(int(n) for n in x["version"].lstrip("v").split("."))):
             out.append(Registered(name, row["version"], row["ref"], row["commit_hexsha"]))
     return out

@@ -56,12 +56,14 @@ def _open_fs(repo: str, rev: str):
 def _unreadable(fs, path: str) -> bool:
     """Whether the DVC output directory `path` exists at the revision but cannot be listed: its `.dir` listing is in
     neither the cache nor the remote (DVC then answers `exists` False for every file under it)."""
+    from dvc_data.index import DataIndexError
+
     try:
         if not fs.isdir(path):
             return False
         fs.ls(path)
         return False
-    except Exception:   # DataIndexDirError and its kin: the listing could not be loaded
+    except DataIndexError:   # DataIndexDirError: the `.dir` listing could not be loaded from cache or remote
         return True
 
 
@@ -253,9 +255,11 @@ def get_release(repo: str | Path, artifact: str, version: str, out: str | Path, 
     path = str(arts[artifact]["path"]).rstrip("/")
     lock = _read_yaml(fs, "dvc.lock")
     card_path = f"{path}/{README}"
+    from dvc_data.index import DataIndexError
+
     try:
         has_card = fs.exists(card_path)
-    except Exception:   # DVC's own index errors: the output's listing is in no cache or remote here
+    except DataIndexError:   # the output's listing is in no cache or remote here
         has_card = None
     if has_card is None or (not has_card and _unreadable(fs, path)):
         raise RegistryError(f"{tag}: {path} is an output of that commit, but its files are in neither the DVC cache "

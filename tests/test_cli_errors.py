@@ -114,5 +114,9 @@ def test_every_profile_over_the_default_passes_the_check():
     from ragteam.profiles import merged_params
 
     check_params(load_params(ROOT / "params.yaml"))
-    for prof in sorted((ROOT / "profiles").glob("*.yaml")):
-        check_params(merged_params([prof.stem], ROOT / "params.yaml", ROOT / "profiles"), prof.name)
+    names = sorted(p.stem for p in (ROOT / "profiles").glob("*.yaml"))
+    for a in names:              # each alone and each ordered pair, as `profile flags a b` applies them
+        for b in [None, *names]:
+            if a != b:
+                combo = [a] if b is None else [a, b]
+                check_params(merged_params(combo, ROOT / "params.yaml", ROOT / "profiles"), " + ".join(combo))

@@ -5,6 +5,7 @@ import math
 import subprocess
 
 import pytest
+from helpers_exp import exp_row, exp_show
 from typer.testing import CliRunner
 
 from ragteam.cli import app
@@ -39,16 +40,12 @@ def _params(seed, lr=5e-4):
 
 
 def _row(rev, name, seed, lr=5e-4):
-    data = {"rev": rev, "timestamp": None, "params": {"params.yaml": {"data": _params(seed, lr)}},
-            "metrics": {"metrics/summary/eval.json": {"data": {}}}, "deps": {}, "outs": {}, "meta": {}}
-    return {"rev": rev, "name": name, "data": data, "error": None, "experiments": None}
+    return exp_row(rev, name, _params(seed, lr))
 
 
 def _exp_show(revs, extra=()):
-    base = _row(revs[0], "main", 0)
-    base["experiments"] = [{"revs": [_row(revs[s], f"joint-seed{s}", s)], "executor": None, "name": f"joint-seed{s}"}
-                           for s in (1, 2)] + [{"revs": [r], "executor": None, "name": r["name"]} for r in extra]
-    return [_row("workspace", None, 2), base]
+    return exp_show(_row("workspace", None, 2), _row(revs[0], "main", 0),
+                    [_row(revs[s], f"joint-seed{s}", s) for s in (1, 2)] + list(extra))
 
 
 REVS = ["a" * 40, "b" * 40, "c" * 40]

@@ -96,7 +96,6 @@ def test_register_refuses_what_is_not_a_produced_artifact_or_not_a_version(repo,
     assert done.returncode == 1 and done.stderr.startswith("ERROR artifact 'nosuch'") and "Traceback" not in done.stderr
 
 
-
 def test_registry_list_and_get_name_a_user_mistake_in_one_line(repo, tmp_path):
     """An unknown artifact or version, or weights no cache or remote holds: one ERROR line with the fix, exit 1."""
     import shutil
@@ -112,8 +111,9 @@ def test_registry_list_and_get_name_a_user_mistake_in_one_line(repo, tmp_path):
         assert "Traceback" not in done.stderr
         return lines[0]
 
-    assert "artifact 'nosuch' is not in dvc.yaml's artifacts (declared: answer-agent, judge-agent)" in cli(
-        "list", "nosuch")
+    assert "artifact 'nosuch' is not in dvc.yaml's artifacts and has no registered version (declared: answer-agent, " \
+           "judge-agent)" in cli("list", "nosuch")
+    assert versions(repo, "judge-agent") == []                 # declared, never registered: nothing to list
     assert "no tag answer-agent@v0.0.9: v0.0.9 of 'answer-agent' is not registered" in cli(
         "get", "answer-agent", "v0.0.9", "-o", str(tmp_path / "a"))
     assert "no tag nosuch@v0.0.1" in cli("get", "nosuch", "v0.0.1", "-o", str(tmp_path / "b"))

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers_exp import exp_row, exp_show
 from typer.testing import CliRunner
 
 from ragteam.cli import _episode_scores, app
@@ -41,17 +42,12 @@ def _row(rev, name, seed, judge=0):
     params = {"train_answer": {"stage1": {"seed": seed}, "stage2": {"seed": seed}},
               "train_query": {"grpo": {"seed": seed}}, "label_judge": {"seed": seed, "extra_candidates": judge},
               "train_judge": {"sft": {"seed": seed}}}
-    data = {"rev": rev, "timestamp": None, "params": {"params.yaml": {"data": params}},
-            "metrics": {"metrics/summary/eval.json": {"data": {}}}, "deps": {}, "outs": {}, "meta": {}}
-    return {"rev": rev, "name": name, "data": data, "error": None, "experiments": None}
+    return exp_row(rev, name, params)
 
 
 def _exp_show(revs, extra=()):
-    base = _row(revs[0], "maps-mirror-seed0", 0)
-    base["experiments"] = [{"revs": [_row(revs[s], f"maps-mirror-seed{s}", s)], "executor": None,
-                            "name": f"maps-mirror-seed{s}"} for s in range(1, len(revs))] + [
-        {"revs": [r], "executor": None, "name": r["name"]} for r in extra]
-    return [_row("workspace", None, 2), base]
+    return exp_show(_row("workspace", None, 2), _row(revs[0], "maps-mirror-seed0", 0),
+                    [_row(revs[s], f"maps-mirror-seed{s}", s) for s in range(1, len(revs))] + list(extra))
 
 
 REVS = ["a" * 40, "b" * 40, "c" * 40]
@@ -185,6 +181,19 @@ def test_cli_reads_records_at_each_commit_and_episodes_through_dvc(tmp_path, mon
     assert summary["avg"]["f1"]["pooled"]["diff"] == 33.33
     assert summary["2wikimultihopqa"]["f1"]["diff"]["mean"] == 12.0           # the records' own figures
     assert "| F1 | Avg |" in (tmp_path / "reports/team_study.md").read_text()
+    # a clone without the episodes (no DVC cache, no remote): the per-seed and seed-level figures, no pooled interval,
+    # and the report says why and what fetches them
+    import shutil
+
+    shutil.rmtree(tmp_path / ".dvc" / "cache")
+    shutil.rmtree(tmp_path / ".dvc" / "tmp", ignore_errors=True)
+    shutil.rmtree(tmp_path / "results")
+    assert _episode_scores(revs[0], "maps", "hotpotqa") is None
+    again = CliRunner().invoke(app, ["replicate", "team-summary", "--exp-json", "exp.json", "--resamples", "200"])
+    assert again.exit_code == 0, again.output
+    summary = json.loads((tmp_path / "metrics/team_study.json").read_text())
+    assert summary["avg"]["f1"]["pooled"] is None and summary["avg"]["f1"]["diff"]["mean"] == 7.0
+    assert "neither in this checkout's DVC cache nor in its remote (`dvc pull` at that commit)" in again.output
     # a user's mistake: a pair the runs did not compare -> one line, no traceback
     bad = CliRunner().invoke(app, ["replicate", "team-summary", "--exp-json", "exp.json", "--pair", "maps", "drag"])
     assert bad.exit_code == 1 and "Traceback" not in bad.output and "no 'maps vs drag'" in bad.output

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from ragteam.eval import stats
-from ragteam.eval.replicate import Run, check_runs, mean_sd, runs_from_exp_show
+from ragteam.eval.replicate import Run, load_eval_runs, mean_sd, per_seed, signs, t_interval
 
 # What a joint study varies: the warm-up's SFT and RL's sampling, for every system at once. A system that pins its
 # own seed (`joint.<system>.ppo.seed`, an override) is not varied by these flags: keep the study's systems on the
@@ -57,16 +57,7 @@ def load_runs(entries: Sequence[Mapping], read: Callable[[str, str], dict | None
               select: Sequence[str] | None = None) -> tuple[list[Run], list[str]]:
     """The study's runs from `dvc exp show --json`: `read(rev, path)` returns a git-tracked record at a revision.
     Each run's `metrics` is {path: record} of the evaluation records and every system's training records."""
-    runs, notes = runs_from_exp_show(entries, metrics_file=EVAL_FILE, select=select,
-                                     read_record=lambda rev: read(rev, EVAL_FILE))
-    for r in runs:
-        r.seed_params = SEEDS
-        compare = read(r.rev, COMPARE_FILE)
-        if compare is None:
-            raise ValueError(f"{r.name} ({r.rev[:7]}): no {COMPARE_FILE} at that commit (evaluate writes it with "
-                             f"metrics/eval.json): the run is incomplete")
-        r.metrics = {EVAL_FILE: r.metrics, COMPARE_FILE: compare}
-    notes += check_runs(runs, what=EVAL_FILE)
+    runs, notes = load_eval_runs(entries, read, SEEDS, select, EVAL_FILE, COMPARE_FILE)
     for r in runs:
         systems = r.params.get("joint.systems") or []
         for s in systems:
@@ -111,7 +102,7 @@ def summarize(runs: Sequence[Run], systems: Sequence[str], level: float = 0.95) 
                                 "significant": bool(d["significant"])})
                 diffs = [p["diff"] for p in per]
                 pairs[label][m] = {**stats.seed_summary(diffs, level).to_dict(), "per_seed": per,
-                                   "signs": "".join("+" if x > 0 else "-" if x < 0 else "0" for x in diffs),
+                                   "signs": signs(diffs),
                                    "significant_seeds": sum(p["significant"] for p in per)}
         for label, (path, key) in TRAINING.items():
             vals = [r.metrics.get(path.format(system=s), {}).get(key) for r in runs]
@@ -138,10 +129,6 @@ def _metrics(runs: Sequence[Run], system: str) -> tuple[str, ...]:
     return (*METRICS, *(m for m in OPTIONAL_METRICS if has(m)))
 
 
-def _iv(s: Mapping) -> str:
-    return f"[{s['lo']:.2f}, {s['hi']:.2f}]" if s.get("lo") is not None else "–"
-
-
 def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[str] = ()) -> str:
     runs, pct = summary["runs"], f"{100 * summary['level']:g} %"
     parts = ["# Joint systems over training seeds: base, warm-up only, warm-up + RL", "",
@@ -164,9 +151,8 @@ def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[st
         for label, p in x["pairs"].items():
             for m in ms:
                 d = p[m]
-                per = "; ".join(f"{q['diff']:+.2f} [{q['lo']:.2f}, {q['hi']:.2f}]"
-                                + (" †" if q["significant"] else "") for q in d["per_seed"])
-                parts.append(f"| {label} | {LABELS[m]} | {mean_sd(d)} | {_iv(d)} | {per} | {d['signs']} |")
+                parts.append(f"| {label} | {LABELS[m]} | {mean_sd(d)} | {t_interval(d)} | {per_seed(d['per_seed'])} | "
+                             f"{d['signs']} |")
         parts += ["", "| training | mean ± sd | per seed |", "|---|---:|---|"]
         for label, t in x["training"].items():
             per = ", ".join("–" if v is None else f"{v:g}" for v in t["per_seed"])

@@ -163,15 +163,58 @@ def summarize_replicates(runs: Sequence[Run], cfg: BootstrapConfig = BootstrapCo
                        for name in MODELS},
                     "gain": stats.seed_summary(gains, cfg.level).to_dict(),
                     "per_seed": gains,
-                    "signs": "".join("+" if g > 0 else "-" if g < 0 else "0" for g in gains),
+                    "signs": signs(gains),
                     "significant_seeds": sum(x["diff"][metric]["significant"] for x in blocks),
                     "pooled": _pooled(runs, agent, metric, b, cfg)}
     return out
 
 
+def load_eval_runs(entries: Sequence[Mapping], read: Callable[[str, str], dict | None], seed_params: Sequence[str],
+                   select: Sequence[str] | None = None, eval_file: str = "metrics/eval.json",
+                   compare_file: str = "metrics/eval_compare.json") -> tuple[list[Run], list[str]]:
+    """The runs of an `evaluate` seed study from `dvc exp show --json`: `read(rev, path)` returns a git-tracked
+    record at a revision. Each run's `metrics` is {eval_file: record, compare_file: record}; the runs must differ
+    only in `seed_params` (`check_runs`)."""
+    runs, notes = runs_from_exp_show(entries, metrics_file=eval_file, select=select,
+                                     read_record=lambda rev: read(rev, eval_file))
+    for r in runs:
+        r.seed_params = seed_params
+        compare = read(r.rev, compare_file)
+        if compare is None:
+            raise ValueError(f"{r.name} ({r.rev[:7]}): no {compare_file} at that commit (evaluate writes it with "
+                             f"{eval_file}): the run is incomplete")
+        r.metrics = {eval_file: r.metrics, compare_file: compare}
+    notes += check_runs(runs, what=eval_file)
+    return runs, notes
+
+
+def signs(values: Sequence[float]) -> str:
+    """Each seed's sign: `+-0`."""
+    return "".join("+" if x > 0 else "-" if x < 0 else "0" for x in values)
+
+
 def mean_sd(s: Mapping) -> str:
     """`mean ± sd` of a seed summary (`stats.seed_summary`), the mean alone where there is no sd (one seed)."""
     return f"{s['mean']:.2f}" + (f" ± {s['sd']:.2f}" if s.get("sd") is not None else "")
+
+
+def t_interval(s: Mapping) -> str:
+    """A seed summary's t-interval, `–` where there is none (one seed)."""
+    return f"[{s['lo']:.2f}, {s['hi']:.2f}]" if s.get("lo") is not None else "–"
+
+
+def per_seed(diffs: Sequence[Mapping]) -> str:
+    """Each seed's paired-bootstrap difference with its interval, † where it excludes 0."""
+    return "; ".join(f"{q['diff']:+.2f} [{q['lo']:.2f}, {q['hi']:.2f}]" + (" †" if q["significant"] else "")
+                     for q in diffs)
+
+
+def pooled_cell(p: Mapping | None) -> str:
+    """A pooled paired-bootstrap difference, bold † where its interval excludes 0; `–` where there is none."""
+    if p is None:
+        return "–"
+    text = f"{p['diff']:+.2f} [{p['lo']:.2f}, {p['hi']:.2f}]"
+    return f"**{text}** †" if p["significant"] else text
 
 
 def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapConfig = BootstrapConfig()) -> str:
@@ -199,13 +242,10 @@ def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapC
                   "|---|---|---:|---:|---:|---:|---|---:|---:|"]
         for b, m in rows:
             s = summary[b][agent][m]
-            g, p = s["gain"], s["pooled"]
-            t_iv = f"[{g['lo']:.2f}, {g['hi']:.2f}]" if g["lo"] is not None else "–"
-            pooled = "–" if p is None else f"{p['diff']:+.2f} [{p['lo']:.2f}, {p['hi']:.2f}]"
-            pooled = f"**{pooled}** †" if p and p["significant"] else pooled
+            g = s["gain"]
             parts.append(f"| {LABELS[m]} | {'Avg' if b == 'avg' else display(b)} | {mean_sd(s['base'])} | "
-                         f"{mean_sd(s['trained'])} | {mean_sd(g)} | {t_iv} | {s['signs']} | "
-                         f"{s['significant_seeds']}/{g['n']} | {pooled} |")
+                         f"{mean_sd(s['trained'])} | {mean_sd(g)} | {t_interval(g)} | {s['signs']} | "
+                         f"{s['significant_seeds']}/{g['n']} | {pooled_cell(s['pooled'])} |")
         parts.append("")
     if notes:
         parts += ["Left out:", "", *(f"- {n}" for n in notes), ""]

@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from ragteam.eval import stats
-from ragteam.eval.replicate import SEED_PARAMS, Run, check_runs, mean_sd, runs_from_exp_show
+from ragteam.eval.replicate import (SEED_PARAMS, Run, load_eval_runs, mean_sd, per_seed, pooled_cell, signs,
+                                    t_interval)
 from ragteam.eval.stats import BootstrapConfig
 
 EVAL_FILE = "metrics/eval.json"
@@ -41,20 +42,13 @@ def load_runs(entries: Sequence[Mapping], read: Callable[[str, str], dict | None
               select: Sequence[str] | None = None, pair: tuple[str, str] = PAIR) -> tuple[list[Run], list[str]]:
     """The study's runs from `dvc exp show --json`; `read(rev, path)` returns a git-tracked record at a revision.
     Each run's `metrics` is {EVAL_FILE: record, COMPARE_FILE: record}; runs must differ only in the MAPS seeds."""
-    runs, notes = runs_from_exp_show(entries, metrics_file=EVAL_FILE, select=select,
-                                     read_record=lambda rev: read(rev, EVAL_FILE))
+    runs, notes = load_eval_runs(entries, read, SEED_PARAMS, select, EVAL_FILE, COMPARE_FILE)
     key = f"{pair[0]} vs {pair[1]}"
     for r in runs:
-        r.seed_params = SEED_PARAMS
-        compare = read(r.rev, COMPARE_FILE)
-        if compare is None:
-            raise ValueError(f"{r.name} ({r.rev[:7]}): no {COMPARE_FILE} at that commit (evaluate writes it with "
-                             f"{EVAL_FILE}): the run is incomplete")
-        if key not in compare:
+        if key not in r.metrics[COMPARE_FILE]:
             raise ValueError(f"{r.name} ({r.rev[:7]}): {COMPARE_FILE} has no {key!r}: the pair comes from "
-                             f"eval.compare (null derives 'maps vs maps_untrained'); rows there: {sorted(compare)}")
-        r.metrics = {EVAL_FILE: r.metrics, COMPARE_FILE: compare}
-    notes += check_runs(runs, what=EVAL_FILE)
+                             f"eval.compare (null derives 'maps vs maps_untrained'); pairs there: "
+                             f"{sorted(r.metrics[COMPARE_FILE])}")
     return runs, notes
 
 
@@ -155,13 +149,9 @@ def summarize(runs: Sequence[Run], pair: tuple[str, str] = PAIR, read_scores: Sc
                 "b": stats.seed_summary([_score(r.metrics[EVAL_FILE], b, bench, m, r.name) for r in runs],
                                         cfg.level).to_dict(),
                 "diff": stats.seed_summary(diffs, cfg.level).to_dict(), "per_seed": per,
-                "signs": "".join("+" if x > 0 else "-" if x < 0 else "0" for x in diffs),
+                "signs": signs(diffs),
                 "significant_seeds": sum(p["significant"] for p in per), "pooled": pooled}
     return out
-
-
-def _iv(s: Mapping) -> str:
-    return f"[{s['lo']:.2f}, {s['hi']:.2f}]" if s.get("lo") is not None else "–"
 
 
 def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapConfig = BootstrapConfig()) -> str:
@@ -188,14 +178,9 @@ def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapC
     for m in metrics:
         for bench in benches:
             s = summary[bench][m]
-            per = "; ".join(f"{q['diff']:+.2f} [{q['lo']:.2f}, {q['hi']:.2f}]" + (" †" if q["significant"] else "")
-                            for q in s["per_seed"])
-            p = s["pooled"]
-            pooled = "–" if p is None else f"{p['diff']:+.2f} [{p['lo']:.2f}, {p['hi']:.2f}]"
-            pooled = f"**{pooled}** †" if p and p["significant"] else pooled
             parts.append(f"| {LABELS[m]} | {'Avg' if bench == 'avg' else display(bench)} | {mean_sd(s['b'])} | "
-                         f"{mean_sd(s['a'])} | {mean_sd(s['diff'])} | {_iv(s['diff'])} | {per} | {s['signs']} | "
-                         f"{pooled} |")
+                         f"{mean_sd(s['a'])} | {mean_sd(s['diff'])} | {t_interval(s['diff'])} | "
+                         f"{per_seed(s['per_seed'])} | {s['signs']} | {pooled_cell(s['pooled'])} |")
     parts.append("")
     if summary.get("pooled_note"):
         notes = [*notes, summary["pooled_note"]]
