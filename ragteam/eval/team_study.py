@@ -49,6 +49,7 @@ def load_runs(entries: Sequence[Mapping], read: Callable[[str, str], dict | None
             raise ValueError(f"{r.name} ({r.rev[:7]}): {COMPARE_FILE} has no {key!r}: the pair comes from "
                              f"eval.compare (null derives 'maps vs maps_untrained'); pairs there: "
                              f"{sorted(r.metrics[COMPARE_FILE])}")
+    runs.sort(key=lambda r: (sorted(r.seeds.items()), r.name))      # per-seed columns in seed order
     return runs, notes
 
 
