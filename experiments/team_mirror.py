@@ -1,6 +1,10 @@
 """Team study (issue 10): trained MAPS vs untrained MAPS in the `evaluate` stage on `mirror:../shared/data`, per
 training seed with the paired bootstrap, and pooled over seeds.
 
+Superseded for new runs by the same study through DVC (`profiles/maps_mirror_team.yaml`, `dvc exp run` per seed,
+`ragteam replicate team-summary`; docs/maps.md), whose experiments `ragteam lineage --rev` traces: it reproduced
+experiments/team_mirror_fallback/ to the digit. This script stays for the studies it made.
+
 Per seed K, a workspace OUT/work/seed<K> gets this checkout's `ragteam/` and `stages/`, the seed's `params.yaml` and
 shared inputs from AGENTS/work/seed<K> (a run of experiments/judge_pools.py: the seed's answer agent from
 train_answer and its judge from label_judge with the 128 extra candidates + train_judge, which is what
