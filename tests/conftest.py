@@ -65,3 +65,22 @@ def tiny_llama(smollm2_dir, tmp_path_factory) -> Path:
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture
+def ask_params(tmp_path) -> Path:
+    """params.yaml with llm.model and every eval system's model pointed at empty directories that exist: for
+    `ragteam ask` tests whose engine is faked, so they pass on a fresh clone that has built no model (the CLI
+    refuses a missing model directory before it loads anything; tests/test_cli_errors.py covers that)."""
+    import yaml
+
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    (tmp_path / "llm").mkdir()
+    p["llm"]["model"] = str(tmp_path / "llm")
+    for name, spec in p["eval"]["systems"].items():
+        if spec.get("model"):
+            (tmp_path / f"model_{name}").mkdir()
+            spec["model"] = str(tmp_path / f"model_{name}")
+    out = tmp_path / "params.yaml"
+    out.write_text(yaml.safe_dump(p, sort_keys=False))
+    return out

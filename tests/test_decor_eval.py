@@ -131,7 +131,7 @@ def test_params_sections_and_paper_profile():
         parse_section(deep_merge(params, {"decor": {"tmax": 3}}), "decor", DecorConfig)
 
 
-def test_cli_ask_decor_prints_every_call(monkeypatch):
+def test_cli_ask_decor_prints_every_call(monkeypatch, ask_params):
     from typer.testing import CliRunner
 
     import ragteam.llm.hf
@@ -146,7 +146,7 @@ def test_cli_ask_decor_prints_every_call(monkeypatch):
     monkeypatch.setattr(ragteam.retrieval, "open_retriever",
                         lambda index: KeywordRetriever([("T0", "text q0r0"), ("T1", "text q1r0")]))
     res = CliRunner().invoke(app, ["ask", "What is q0r0 ?", "--system", "decor", "--calls",
-                                   "--params", str(REPO / "params.yaml"), "--index", "idx"])
+                                   "--params", str(ask_params), "--index", "idx"])
     assert res.exit_code == 0, res.output
     assert "A: ans0" in res.output and "1 round(s), planner_stop" in res.output
     assert "[decor_planner]" in res.output and "-> {'action': 'search', 'query': 'q0r0'}" in res.output

@@ -296,7 +296,7 @@ def test_end_to_end_every_system_with_smollm2_on_shared_hotpotqa(tmp_path, smoll
     assert "| maps |" in (tmp_path / "eval.md").read_text()
 
 
-def test_cli_ask_runs_a_configured_system(monkeypatch):
+def test_cli_ask_runs_a_configured_system(monkeypatch, ask_params):
     from typer.testing import CliRunner
 
     import ragteam.llm.hf
@@ -315,7 +315,7 @@ def test_cli_ask_runs_a_configured_system(monkeypatch):
     monkeypatch.setattr(ragteam.llm.hf, "HFEngine", Fake)
     monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: opened.append(index) or KeywordRetriever(
         [("T0", "text q0r0"), ("T1", "text q0r1")]))
-    res = CliRunner().invoke(app, ["ask", "What is q0r0 ?", "--params", str(REPO / "params.yaml"), "--calls",
+    res = CliRunner().invoke(app, ["ask", "What is q0r0 ?", "--params", str(ask_params), "--calls",
                                    "--index", "idx"])
     assert res.exit_code == 0, res.output
     assert "A: ans0" in res.output and "1 round(s), judge_sufficient" in res.output and opened == ["idx"]

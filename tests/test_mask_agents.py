@@ -249,7 +249,7 @@ def test_mask_systems_in_evaluation():
     assert "| mask | 1.67 | 1.67 |" in md
 
 
-def test_cli_ask_system_mask_shows_the_whole_trace(monkeypatch):
+def test_cli_ask_system_mask_shows_the_whole_trace(monkeypatch, ask_params):
     from pathlib import Path
 
     from typer.testing import CliRunner
@@ -264,9 +264,8 @@ def test_cli_ask_system_mask_shows_the_whole_trace(monkeypatch):
 
     monkeypatch.setattr(ragteam.llm.hf, "HFEngine", Fake)
     monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: KeywordRetriever(PASSAGES))
-    params = Path(__file__).resolve().parents[1] / "params.yaml"
     res = CliRunner().invoke(app, ["ask", "What is the capital of Xland?", "--system", "mask", "--calls",
-                                   "--params", str(params), "--index", "idx"])
+                                   "--params", str(ask_params), "--index", "idx"])
     assert res.exit_code == 0, res.output
     assert "A: Xville" in res.output and "2 turn(s), max_turns" in res.output and "2 retrievals" in res.output
     for role in M.ROLES:

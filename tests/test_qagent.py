@@ -410,7 +410,7 @@ def test_summarize_averages_passages_only_where_recorded():
     assert "passages" not in summarize(list(eps.values()))
 
 
-def test_cli_ask_runs_qagent_with_calls(monkeypatch):
+def test_cli_ask_runs_qagent_with_calls(monkeypatch, ask_params):
     from typer.testing import CliRunner
 
     import ragteam.llm.hf
@@ -425,7 +425,7 @@ def test_cli_ask_runs_qagent_with_calls(monkeypatch):
     monkeypatch.setattr(ragteam.llm.hf, "HFEngine", Fake)
     monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: KeywordRetriever(PASSAGES))
     res = CliRunner().invoke(app, ["ask", "Where was Ed Wood born?", "--system", "qagent", "--calls",
-                                   "--params", str(REPO / "params.yaml")])
+                                   "--params", str(ask_params), "--index", "idx"])
     assert res.exit_code == 0, res.output
     assert "A: Poughkeepsie" in res.output and "2 round(s), answer" in res.output
     assert "[qagent] '<plan>p</plan><search><query>Ed Wood</query></search>'" in res.output

@@ -124,7 +124,7 @@ def test_report_shows_the_workflow_figures_of_jade_systems_only():
     assert report.workflow_table({"native": metrics["native"]}) == ""
 
 
-def test_cli_ask_runs_jade(monkeypatch):
+def test_cli_ask_runs_jade(monkeypatch, ask_params):
     from typer.testing import CliRunner
 
     import ragteam.llm.hf
@@ -137,7 +137,7 @@ def test_cli_ask_runs_jade(monkeypatch):
 
     monkeypatch.setattr(ragteam.llm.hf, "HFEngine", Fake)
     monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: KeywordRetriever(PASSAGES))
-    res = CliRunner().invoke(app, ["ask", CASE1_Q, "--system", "jade", "--params", str(REPO / "params.yaml"),
+    res = CliRunner().invoke(app, ["ask", CASE1_Q, "--system", "jade", "--params", str(ask_params),
                                    "--calls", "--index", "idx"])
     assert res.exit_code == 0, res.output
     assert "A: American" in res.output and "3 round(s), answered" in res.output
