@@ -28,7 +28,7 @@ from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scor
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, compared_numbers, summary_path, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.environment import environment_line
+from ragteam.environment import environment_line, lineage_environment
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.records import write_episodes
 
@@ -36,6 +36,9 @@ BENCHMARKS = Path("data/prepared/benchmarks")
 RESULTS = Path("results/eval")
 METRICS = Path("metrics/eval.json")
 DIFFERENCES = Path("metrics/eval_compare.json")
+# the run's own record (rows run and left out, seconds, the environment and library versions that ran it, which
+# `ragteam lineage` shows); metrics/eval.json stays keyed by row
+RUN_RECORD = Path("metrics/evaluate.json")
 REPORT = Path("reports/eval.md")
 FIGURES = Path("reports/figures")
 
@@ -156,6 +159,7 @@ def _jade_context(cfg: JadeConfig) -> str:
 
 
 def main() -> None:
+    t0 = time.perf_counter()
     try:
         params = load_params()
         ensure_engine_environment("evaluate", params)
@@ -169,6 +173,9 @@ def main() -> None:
     except (ParamsError, DataError, EngineDead) as e:
         sys.exit(f"evaluate FAILED (previous outputs left untouched): {e}")
     write_json(METRICS, metrics)
+    write_json(RUN_RECORD, {"rows": list(metrics), "rows_left_out": left_out,
+                            "questions": {n: int(m["avg"]["n"]) for n, m in metrics.items()},
+                            "seconds": round(time.perf_counter() - t0, 1), "environment": lineage_environment()})
     print(table_markdown(metrics, [b for b in next(iter(metrics.values())) if b != "avg"]))
 
 

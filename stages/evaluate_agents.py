@@ -19,11 +19,12 @@ from ragteam.eval.agents import ROLE, EvalAgentsConfig, report_markdown, run_age
 from ragteam.eval.evaluate import EvalConfig
 from ragteam.io import DataError, atomic_file, write_json, write_metrics
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.environment import environment_line
+from ragteam.environment import environment_line, lineage_environment
 from ragteam.llm.environment import ensure_engine_environment
 from stages.evaluate import BENCHMARKS, load_benchmarks
 
 METRICS = Path("metrics/eval_agents.json")
+RUN_RECORD = Path("metrics/evaluate_agents.json")   # seconds and the environment that ran it (`ragteam lineage`)
 # the declared metrics (metrics/summary/eval_agents.json): over benchmarks, each agent's trained - base difference
 # with its interval, and the answer agent's EM / F1 / no-answer rate, the query agent's mean delta-F1 and the judge's
 # (balanced) accuracy, base and trained; per-benchmark rows, intervals and counts stay in the record
@@ -76,6 +77,7 @@ def run(llm: LLMConfig, maps_cfg: MapsConfig, cfg: EvalAgentsConfig, trained: di
 
 
 def main() -> None:
+    t0 = time.perf_counter()
     try:
         params = load_params()
         ensure_engine_environment("evaluate_agents", params)
@@ -83,9 +85,11 @@ def main() -> None:
         maps_cfg = parse_section(params, "maps", MapsConfig)
         ev = parse_section(params, "eval", EvalConfig)
         cfg = parse_section(params, "eval_agents", EvalAgentsConfig)
-        run(llm, maps_cfg, cfg, trained_checkpoints(ev))
+        summary = run(llm, maps_cfg, cfg, trained_checkpoints(ev))
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         sys.exit(f"evaluate_agents FAILED: {e}")
+    write_json(RUN_RECORD, {"agents": list(cfg.agents), "questions": int(summary["avg"]["n"]),
+                            "seconds": round(time.perf_counter() - t0, 1), "environment": lineage_environment()})
 
 
 if __name__ == "__main__":

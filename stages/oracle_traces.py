@@ -12,13 +12,17 @@ import sys
 from pathlib import Path
 
 from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.io import DataError
+from ragteam.environment import lineage_environment
+from ragteam.io import DataError, write_json
 from ragteam.llm import LLMConfig
 
 POOL = Path("data/prepared/train/pool.jsonl")
 CORPUS = Path("data/prepared/corpus.jsonl")
 BENCHMARKS = Path("data/prepared/benchmarks")
 TRACES = Path("data/warmup")
+# the run's record beside the cached traces (its counts and the environment that ran it, which `ragteam lineage`
+# shows): a plain output, so recording it leaves data/warmup/<system>, which the warm-up and RL read, as it was
+RUN_RECORD = "metrics/oracle_traces_{system}.json"
 
 
 def run(system_name: str, params: dict) -> dict:
@@ -51,6 +55,9 @@ def main() -> None:
         summary = run(name, load_params())
     except (ParamsError, DataError, ValueError, OSError) as e:
         sys.exit(f"oracle_traces@{name} FAILED ({TRACES / name} left untouched): {e}")
+    write_json(RUN_RECORD.format(system=name), {
+        **{k: summary[k] for k in ("questions", "complete", "yield", "rows", "rows_per_role", "dropped")
+           if k in summary}, "environment": lineage_environment()})
     print(f"oracle_traces@{name}: {summary['complete']}/{summary['questions']} questions traced (yield "
           f"{summary['yield']}), {summary['rows']} rows {summary['rows_per_role']}; dropped "
           f"{summary['dropped'] or 'none'}", flush=True)

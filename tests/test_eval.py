@@ -338,7 +338,8 @@ def test_dvc_stage_declares_what_the_stage_reads_and_writes():
     assert "${eval.retriever}" in deps and any(str(stage.BENCHMARKS).startswith(d) for d in deps)
     outs = [next(iter(o)) if isinstance(o, dict) else o for o in st["outs"]]
     # every score and difference as plain outputs; the declared metrics (dvc metrics show / exp show) the headline
-    assert outs == [str(stage.RESULTS), str(stage.REPORT), str(stage.METRICS), str(stage.DIFFERENCES)]
+    assert outs == [str(stage.RESULTS), str(stage.REPORT), str(stage.METRICS), str(stage.DIFFERENCES),
+                    str(stage.RUN_RECORD)]      # the run's record: seconds and the environment (ragteam lineage)
     assert [next(iter(m)) for m in st["metrics"]] == ["metrics/summary/eval.json"]
     assert [next(iter(p)) for p in st["plots"]] == [str(stage.FIGURES / "eval_cost.png"),
                                                     str(stage.FIGURES / "eval_scores.png")]

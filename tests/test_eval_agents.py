@@ -165,7 +165,8 @@ def test_params_section_and_dvc_stage():
             "stages/evaluate_agents.py"} <= set(st["deps"])
     assert {"eval_agents", "eval.agents", "llm"} <= set(st["params"])
     outs = [next(iter(o)) for o in st["outs"]]
-    assert outs == [str(stage.QUESTIONS), str(stage.REPORT), str(stage.METRICS)]    # the record: a plain output
+    assert outs == [str(stage.QUESTIONS), str(stage.REPORT), str(stage.METRICS),    # the record: a plain output
+                    str(stage.RUN_RECORD)]                                          # seconds, the environment
     assert [next(iter(m)) for m in st["metrics"]] == ["metrics/summary/eval_agents.json"]
     assert all(v["cache"] is False for o in st["outs"] for v in o.values())   # git-tracked: readable per experiment
 
