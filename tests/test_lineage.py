@@ -275,34 +275,17 @@ def test_keep_puts_experiment_commits_in_the_branch_history_so_a_clone_has_them(
     assert sh(["git", "rev-parse", "HEAD"], repo) == base
 
 
-# the stages whose committed records hold no environment yet: they record none in their code either, and adding it
-# reruns them (evaluate needs every trained agent); each is named here with the reason, not skipped silently
-NO_ENVIRONMENT_YET = {
-    "evaluate": "its records are keyed by system; the environment is in each Episode's metadata, not a record",
-    "evaluate_agents": "its records are keyed by benchmark; not rerun since the environment was added elsewhere",
-    # its only record, data/warmup/<system>/summary.json, lies inside its cached output, on which the warm-up, RL
-    # and evaluate depend: recording it there reruns all three (no LLM runs in it: only the tokenizer counts)
-    "oracle_traces": "its record is inside data/warmup/<system>, which warmup_joint, train_joint and evaluate read",
-}
-
-
 def test_every_stage_of_the_real_pipeline_records_the_environment_that_ran_it():
     """`ragteam lineage` shows the library versions of every stage that ran: the records committed with dvc.lock
     hold an `environment` with torch, transformers, faiss, ... versions (issue 26 §3)."""
     from ragteam.lineage import load_stages, read_metrics, recorded_environment
 
     root = Path(__file__).resolve().parents[1]
-    missing, listed = [], set()
+    missing = []
     for name, stage in load_stages(root).items():
-        base = name.split("@")[0]
         env = recorded_environment(read_metrics(root, stage, records=True))
-        if base in NO_ENVIRONMENT_YET:
-            listed.add(base)
-            assert env is None, f"{name} records its environment now: take it out of NO_ENVIRONMENT_YET"
-            continue
         if env is None:
             missing.append(name)
         else:
             assert env["env"] in ("main", "worker") and env["packages"].get("torch"), name
     assert not missing, f"stages whose committed records hold no environment: {missing}"
-    assert listed == set(NO_ENVIRONMENT_YET)
