@@ -45,12 +45,56 @@ def _dump(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:             # another user's process: alive
+        return True
+    return True
+
+
+def sweep_dead_writers(path: str | Path) -> list[Path]:
+    """Remove what a killed writer of `path` left beside it: the temp file or directory `atomic_file` / `atomic_dir`
+    was building (`.<name>.<pid>-XXXX.tmp`) and the previous version it was swapping out (`.<name>.old-<pid>`),
+    when process <pid> is gone. A SIGKILL (an out-of-memory kill, a restarted machine) runs no cleanup, and the
+    leftovers are untracked files beside a stage's output that git and DVC would show. A live pid's are kept: that
+    writer is still at work (pids are this machine's: the GPU worker writes in its own checkout, never into this
+    one). Returns what it removed."""
+    path = Path(path)
+    removed = []
+    if not path.parent.is_dir():
+        return removed
+    for p in path.parent.iterdir():
+        rest = p.name[len(path.name) + 2:] if p.name.startswith(f".{path.name}.") else None
+        if rest is None:
+            continue
+        if rest.endswith(".tmp") and "-" in rest:
+            pid = rest.split("-", 1)[0]
+        elif rest.startswith("old-"):
+            pid = rest[4:]
+        else:
+            continue
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        removed.append(p)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "w") -> Iterator[Any]:
     """Write to a temp file beside `path`, fsync, then rename over it; on error the old file is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    sweep_dead_writers(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
@@ -139,7 +183,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         raise DataError(f"{path}: is a {'link' if path.is_symlink() else 'file'}, not a directory; refusing to "
                         f"replace it with the directory this step writes (move it away or delete it)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    sweep_dead_writers(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o777 & ~_UMASK)
     try:
         yield tmp

@@ -58,3 +58,38 @@ def test_a_file_or_link_where_the_directory_belongs_is_refused_before_the_block_
     if kind == "link to a directory":
         assert (tmp_path / "elsewhere" / "theirs.txt").read_text() == "theirs"
     assert _leftovers(tmp_path, "out") == []
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("writer", ["dir", "file"])
+def test_a_killed_writers_leftovers_are_swept_and_a_live_ones_kept(tmp_path, writer):
+    """A SIGKILL runs no cleanup: the next writer of the same output removes the dead one's temp and swapped-out
+    copies (the environment restart of 2026-12-06 left results/.eval.*.tmp behind), and leaves a live writer's."""
+    from ragteam.io import atomic_file, sweep_dead_writers
+
+    dead, live = _dead_pid(), os.getpid()
+    out = tmp_path / ("out" if writer == "dir" else "out.json")
+    (tmp_path / f".{out.name}.{dead}-abc123.tmp").mkdir()
+    (tmp_path / f".{out.name}.{dead}-abc123.tmp" / "half.jsonl").write_text("{")
+    (tmp_path / f".{out.name}.{dead}-zz.tmp").write_text("half")
+    (tmp_path / f".{out.name}.old-{dead}").mkdir()
+    (tmp_path / f".{out.name}.{live}-busy.tmp").write_text("being written")
+    (tmp_path / f".{out.name}.abc.tmp").write_text("no pid: not ours to judge")
+    (tmp_path / f".{out.name}x.{dead}-q.tmp").write_text("another output's")
+    if writer == "dir":
+        with atomic_dir(out) as tmp:
+            (tmp / "a.txt").write_text("1")
+    else:
+        with atomic_file(out) as fh:
+            fh.write("{}")
+    assert sorted(_leftovers(tmp_path, out.name)) == sorted([f".{out.name}.{live}-busy.tmp", f".{out.name}.abc.tmp"])
+    assert (tmp_path / f".{out.name}x.{dead}-q.tmp").exists()
+    assert sweep_dead_writers(tmp_path / "nothing" / "here") == []
