@@ -170,6 +170,19 @@ def test_the_team_reward_joins_the_summary_only_where_every_run_has_it():
     odd = js._launch([{"name": "a", "seeds": {"warmup.sft.seed": 3}}, {"name": "b7", "seeds": {"warmup.sft.seed": 7}}])
     assert odd == ["dvc exp run --queue -n a $(ragteam replicate flags 3 --kind joint)",
                    "dvc exp run --queue -n b7 $(ragteam replicate flags 7 --kind joint)"]
+    # runs that share the warm-up's seed and vary RL's alone (experiments/mask_rl_seeds): the shared seed is a fixed
+    # flag and only RL's follows the loop; `replicate flags` would set both and rerun a different study
+    rl_only = [{"name": f"mask-rlseed{k}", "seeds": {"warmup.sft.seed": 0, "joint.ppo.seed": k}} for k in (1, 0, 2)]
+    assert js._launch(rl_only) == ["for s in 0 1 2; do dvc exp run --queue -n mask-rlseed$s "
+                                   "-S warmup.sft.seed=0 -S joint.ppo.seed=$s; done"]
+    assert js._varied(rl_only) == "`joint.ppo.seed`"
+    assert js._varied([{"seeds": {"warmup.sft.seed": k, "joint.ppo.seed": k}} for k in (0, 1)]) == \
+        "`warmup.sft.seed`, `joint.ppo.seed`"
+    # seeds that vary apart from each other: each run gets its own values, nothing shared is assumed
+    mixed = js._launch([{"name": "b", "seeds": {"warmup.sft.seed": 2, "joint.ppo.seed": 5}},
+                        {"name": "a", "seeds": {"warmup.sft.seed": 0, "joint.ppo.seed": 1}}])
+    assert mixed == ["dvc exp run --queue -n a -S warmup.sft.seed=0 -S joint.ppo.seed=1",
+                     "dvc exp run --queue -n b -S warmup.sft.seed=2 -S joint.ppo.seed=5"]
     store[REVS[1]] = with_reward(1, missing=True)
     runs, _ = js.load_runs(_exp_show(REVS), lambda rev, path: store.get(rev, {}).get(path))
     old = js.summarize(runs, ["mask"])["mask"]

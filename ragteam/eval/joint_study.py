@@ -132,7 +132,7 @@ def _metrics(runs: Sequence[Run], system: str) -> tuple[str, ...]:
 def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[str] = ()) -> str:
     runs, pct = summary["runs"], f"{100 * summary['level']:g} %"
     parts = ["# Joint systems over training seeds: base, warm-up only, warm-up + RL", "",
-             f"{len(runs)} runs of `evaluate` that differ only in {', '.join(f'`{k}`' for k in SEEDS)}: " + "; ".join(
+             f"{len(runs)} runs of `evaluate` that differ only in {_varied(runs)}: " + "; ".join(
                  f"{r['name']} ({r['rev'][:7]}; {', '.join(f'{k}={v}' for k, v in r['seeds'].items())})"
                  for r in runs) + ".", "",
              f"**mean ± sd** over seeds; **t-interval**: mean ± t(n−1) · sd / √n ({pct}, training-seed "
@@ -168,13 +168,31 @@ def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[st
     return "\n".join(parts)
 
 
+def _varied(runs: Sequence[Mapping]) -> str:
+    """The seed params whose values differ between the runs, as the report names them."""
+    keys = [k for k in SEEDS if len({r["seeds"].get(k) for r in runs}) > 1] or list(SEEDS)
+    return ", ".join(f"`{k}`" for k in keys)
+
+
 def _launch(runs: Sequence[Mapping]) -> list[str]:
-    """The `dvc exp run --queue` lines that name and seed these runs: one loop over their seeds when every name is a
-    common prefix plus its seed (`team-seed0`, `team-seed1`, ...), one line per run otherwise."""
-    seed = {r["name"]: next(iter(r["seeds"].values())) for r in runs}
-    flags = "$(ragteam replicate flags {s} --kind joint)"
-    prefixes = {n.removesuffix(str(v)) if n.endswith(str(v)) else None for n, v in seed.items()}
-    if len(prefixes) == 1 and None not in prefixes:
-        seeds = " ".join(str(v) for v in sorted(seed.values()))
-        return [f"for s in {seeds}; do dvc exp run --queue -n {prefixes.pop()}$s {flags.format(s='$s')}; done"]
-    return [f"dvc exp run --queue -n {n} {flags.format(s=v)}" for n, v in sorted(seed.items())]
+    """The `dvc exp run --queue` lines that name and seed these runs as they were run. Seeds every run shares are
+    fixed flags; the ones that vary are set per run. Where every varied seed of a run takes one value and each name
+    is a common prefix plus it (`team-seed0`, ...), one loop; where that value also sets every seed of the study,
+    the loop uses `ragteam replicate flags`; otherwise one line per run with each seed's own `-S` flag."""
+    keys = [k for k in SEEDS if any(k in r["seeds"] for r in runs)]
+    fixed = {k for k in keys if all(k in r["seeds"] for r in runs) and len({r["seeds"][k] for r in runs}) == 1}
+    varied = [k for k in keys if k not in fixed]
+    const = "".join(f" -S {k}={runs[0]['seeds'][k]}" for k in keys if k in fixed)
+    value = {r["name"]: {r["seeds"].get(k) for k in varied} for r in runs}
+    if varied and all(len(v) == 1 and None not in v for v in value.values()):
+        seed = {n: next(iter(v)) for n, v in value.items()}
+        prefixes = {n.removesuffix(str(v)) if n.endswith(str(v)) else None for n, v in seed.items()}
+        flags = ("$(ragteam replicate flags {s} --kind joint)" if not fixed
+                 else const.lstrip() + "".join(f" -S {k}={{s}}" for k in varied))
+        if len(prefixes) == 1 and None not in prefixes:
+            seeds = " ".join(str(v) for v in sorted(seed.values()))
+            return [f"for s in {seeds}; do dvc exp run --queue -n {prefixes.pop()}$s {flags.format(s='$s')}; done"]
+        return [f"dvc exp run --queue -n {n} {flags.format(s=v)}" for n, v in sorted(seed.items())]
+    return [f"dvc exp run --queue -n {r['name']}"
+            + "".join(f" -S {k}={r['seeds'][k]}" for k in keys if k in r["seeds"])
+            for r in sorted(runs, key=lambda r: r["name"])]
