@@ -144,6 +144,29 @@ def test_grpo_resumes_from_the_last_checkpoint_after_a_kill(tiny_llm, tmp_path):
     assert res.resumed_from is None and res.global_step == 1 and checkpoint_steps(ckpt) == [1]
 
 
+def test_a_rerun_of_a_finished_grpo_run_loads_it_and_trains_no_further(tiny_llm, tmp_path):
+    """The checkpoint at `steps` is a finished run: a rerun (a DVC stage rerun whose checkpoints survive) returns its
+    weights and history; transformers' Trainer resumed there would train step steps+1."""
+    import torch
+
+    params = GRPOParams(steps=2, **TINY_GRPO)
+    reward = answer_reward_func(AnswerReward("stage2", 0.5, 12))
+    ckpt = tmp_path / "ckpt"
+    first = train_grpo(SAMPLES, str(tiny_llm), str(ckpt), params, reward)
+    assert first.global_step == 2 and checkpoint_steps(ckpt)[-1] == 2
+    weights = {k: v.detach().clone() for k, v in first.model.named_parameters()}
+
+    def never(*a, **kw):
+        raise AssertionError("a finished run must not sample or score again")
+
+    again = train_grpo(SAMPLES, str(tiny_llm), str(ckpt), params, never)
+    assert again.resumed_from == 2 and again.global_step == 2 and again.seconds == 0.0
+    assert [h["step"] for h in again.log_history if "reward" in h] == [1, 2]
+    assert checkpoint_steps(ckpt)[-1] == 2
+    for k, v in again.model.named_parameters():
+        assert torch.equal(v, weights[k]), k
+
+
 def test_query_reward_is_delta_f1_of_the_answers_with_and_without_the_new_chunks():
     calls, logged = [], {}
 

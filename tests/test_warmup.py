@@ -355,6 +355,38 @@ def test_a_rerun_of_a_warmup_that_stopped_at_the_threshold_loads_it_and_trains_n
             assert torch.equal(v, weights[k]), k
 
 
+def test_a_rerun_of_a_warmup_that_reached_its_step_cap_loads_it_and_trains_no_further(tiny_llama, tmp_path,
+                                                                                     monkeypatch):
+    """transformers' Trainer, resumed from the checkpoint at max_steps, trains one step past it (a DVC rerun of
+    warmup_joint@mask with its checkpoints still there made a 97-step warm-up of a 96-step cap): the finished run is
+    loaded instead, with its weights, history and step."""
+    import torch
+
+    from ragteam.warmup import sft as W
+
+    system = oracle_system("decor", PARAMS)
+    sampling = {"default": SamplingConfig(max_new_tokens=4)}
+    monkeypatch.setattr(W.FormatProbe, "__call__", lambda self, model: {"format_error_rate": 1.0})
+    params = _params(sft={**_params().sft.model_dump(), "steps": 2})
+    first = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path), params, sampling, CPU)
+    assert first.global_step == 2 and first.extra["stopped_by"] == "step cap"
+    weights = {k: v.detach().clone() for k, v in first.model.named_parameters() if "lora" in k}
+
+    def no_probe(self, model):
+        raise AssertionError("a finished warm-up must not train or probe again")
+
+    monkeypatch.setattr(W.FormatProbe, "__call__", no_probe)
+    again = W.train_warmup(system, decor_rows(4), str(tiny_llama), str(tmp_path), params, sampling, CPU)
+    assert again.global_step == 2 and again.resumed_from == 2 and again.seconds == 0.0
+    # the checkpoint's history is the run's but its closing summary (train_runtime, logged after the last save)
+    assert again.extra["stopped_by"] == "step cap"
+    assert again.log_history == [h for h in first.log_history if "train_runtime" not in h]
+    assert max(h.get("step", 0) for h in again.log_history) == 2
+    for k, v in again.model.named_parameters():
+        if "lora" in k:
+            assert torch.equal(v, weights[k]), k
+
+
 def test_a_full_checkpoint_loads_only_when_it_fits_the_model(tiny_llama, tmp_path):
     """A full-weight warm-up checkpoint is reloaded with its weights, and one holding a key the model lacks, or
     lacking one it needs (other than a tied output layer), is an error naming the checkpoint, not a silent skip."""

@@ -171,11 +171,43 @@ def step_timer():
 
 
 def run_resumable(trainer: Any, resume_from: str | None) -> tuple[list[dict], int, float]:
-    """trainer.train() from `resume_from` (or scratch); returns (log_history, global_step, seconds)."""
+    """trainer.train() from `resume_from` (or scratch); returns (log_history, global_step, seconds).
+
+    A checkpoint at the trainer's `max_steps` is a finished run: its weights are loaded and nothing more is trained
+    (seconds 0). transformers' Trainer, resumed there, trains one step past `max_steps` (it checks the cap after a
+    step, not before), so a stage rerun after its last save (a crash while writing its outputs, or a DVC stage rerun
+    whose checkpoints survive) would give another model than the run it resumes."""
+    max_steps = int(getattr(trainer.args, "max_steps", 0) or 0)
+    if resume_from and max_steps > 0:
+        state = json.loads((Path(resume_from) / "trainer_state.json").read_text(encoding="utf-8"))
+        if int(state["global_step"]) >= max_steps:
+            load_checkpoint(trainer.model, resume_from)
+            return list(state["log_history"]), int(state["global_step"]), 0.0
     t0 = time.perf_counter()
     trainer.add_callback(step_timer())
     trainer.train(resume_from_checkpoint=resume_from)
     return list(trainer.state.log_history), int(trainer.state.global_step), time.perf_counter() - t0
+
+
+def load_checkpoint(model, checkpoint: str | Path) -> None:
+    """The weights a trainer saved in `checkpoint` into `model` (its LoRA adapter, or the whole model)."""
+    from safetensors.torch import load_file
+
+    ckpt = Path(checkpoint)
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(ckpt / "adapter_model.safetensors"))
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"{ckpt}: adapter weights that the model lacks: {result.unexpected_keys[:3]}")
+    else:
+        # a tied output layer is saved once, as the input embeddings: the only key the checkpoint may lack
+        result = model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        missing = [k for k in result.missing_keys if k not in tied]
+        if result.unexpected_keys or missing:
+            raise ValueError(f"{ckpt}: weights that do not fit the model: unexpected {result.unexpected_keys[:3]}, "
+                             f"missing {missing[:3]}")
 
 
 def unwrap_model(model: Any) -> Any:

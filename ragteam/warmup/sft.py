@@ -44,7 +44,8 @@ from pydantic import Field, model_validator
 from ragteam.agents.core import FormatError
 from ragteam.config import Strict, deep_merge, parse_section
 from ragteam.llm import EngineConfig, SamplingConfig, Team, chat_text
-from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
+from ragteam.train.checkpoints import (TrainResult, fingerprint, load_checkpoint, model_identity,  # noqa: F401
+                                       prepare_resume, run_resumable)
 from ragteam.train.common import model_params, precision_tag
 from ragteam.train.sft import SFTParams, sft_trainer
 from ragteam.warmup.oracle import OracleSystem
@@ -336,27 +337,6 @@ def stopped_at_threshold(checkpoint: str | Path, done: Callable[[Mapping[str, fl
     probes = [h for h in state.get("log_history", []) if "format_error_rate" in h]
     return (bool(probes) and probes[-1]["step"] == state.get("global_step")
             and done(probes[-1]))
-
-
-def load_checkpoint(model, checkpoint: str | Path) -> None:
-    """The weights a trainer saved in `checkpoint` into `model` (its LoRA adapter, or the whole model)."""
-    from safetensors.torch import load_file
-
-    ckpt = Path(checkpoint)
-    if hasattr(model, "peft_config"):
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(model, load_file(ckpt / "adapter_model.safetensors"))
-        if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"{ckpt}: adapter weights that the model lacks: {result.unexpected_keys[:3]}")
-    else:
-        # a tied output layer is saved once, as the input embeddings: the only key the checkpoint may lack
-        result = model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
-        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-        missing = [k for k in result.missing_keys if k not in tied]
-        if result.unexpected_keys or missing:
-            raise ValueError(f"{ckpt}: weights that do not fit the model: unexpected {result.unexpected_keys[:3]}, "
-                             f"missing {missing[:3]}")
 
 
 # ---- train ----------------------------------------------------------------------------------------------------------
