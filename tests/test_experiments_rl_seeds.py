@@ -1,4 +1,4 @@
-"""experiments/rl_seeds.sh: the RL-seed studies' runner (experiments/mask_rl_seeds, experiments/jade_rl_seeds) runs
+"""experiments/rl_seeds.sh: the RL-seed studies' runner (experiments/<system>_rl_seeds for M-ASK, JADE, DECOR and QAgent) runs
 each seed as one DVC experiment that varies `joint.ppo.seed` alone, on top of its profile's flags, over the system's
 own stages; bad arguments stop it before anything runs. dvc, git and ragteam are fakes that log their arguments."""
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = """#!/bin/bash
@@ -47,13 +49,16 @@ def test_each_seed_is_one_experiment_that_varies_rl_seed_alone(tmp_path):
     assert calls[1] == "dvc pull -q prepare_models prepare_data index_bm25@bm25s oracle_traces@jade"
 
 
-def test_mask_study_runs_mask_recipe_under_its_names(tmp_path):
-    r = _run(tmp_path, "experiments/mask_rl_seeds/run.sh", "3")
+@pytest.mark.parametrize("system,profile", [("mask", "mask_rl_recipe"), ("jade", "jade_rl_recipe"),
+                                            ("decor", "decor_rl_recipe"), ("qagent", "qagent_t07")])
+def test_each_systems_study_runs_its_recipe_under_its_names(tmp_path, system, profile):
+    assert (ROOT / "profiles" / f"{profile}.yaml").is_file()
+    r = _run(tmp_path, f"experiments/{system}_rl_seeds/run.sh", "3")
     assert r.returncode == 0, r.stderr
     run = [c for c in (tmp_path / "calls.log").read_text().splitlines() if c.startswith("dvc exp run")]
-    assert run == ["dvc exp run -n mask-rlseed3 -S joint.systems=[mask_rl_recipe] -S joint.x.ppo.steps=8 "
-                   "-S joint.ppo.seed=3 -s prepare_models prepare_data index_bm25@bm25s oracle_traces@mask "
-                   "warmup_joint@mask train_joint@mask evaluate"]
+    assert run == [f"dvc exp run -n {system}-rlseed3 -S joint.systems=[{profile}] -S joint.x.ppo.steps=8 "
+                   f"-S joint.ppo.seed=3 -s prepare_models prepare_data index_bm25@bm25s oracle_traces@{system} "
+                   f"warmup_joint@{system} train_joint@{system} evaluate"]
 
 
 def test_bad_arguments_stop_before_anything_runs(tmp_path):

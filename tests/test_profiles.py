@@ -196,7 +196,10 @@ RECIPES = {"mask_rl_recipe": ("mask", {"temperature": 0.7, "questions_per_step":
                                           "kl_coef": 0.1, "normalize_advantages": False}, (96, 0.0, 48, 48)),
            "jade_rl_recipe": ("jade", {"temperature": 0.7, "questions_per_step": 8, "steps": 8}, None),
            "jade_group_recipe": ("jade", {"temperature": 0.7, "questions_per_step": 2, "steps": 8, "actor_lr": 1.0e-3,
-                                          "kl_coef": 0.1, "normalize_advantages": False}, None)}
+                                          "kl_coef": 0.1, "normalize_advantages": False}, None),
+           # the default's RL size with the sampling temperature (and DECOR's step size) changed
+           "decor_rl_recipe": ("decor", {"temperature": 0.7, "actor_lr": 1.0e-3}, None),
+           "qagent_t07": ("qagent", {"temperature": 0.7}, None)}
 
 
 @pytest.mark.parametrize("profile", sorted(RECIPES))
@@ -217,7 +220,8 @@ def test_rl_recipe_profiles_keep_only_their_systems_rows_and_set_the_recipe(tmp_
     rows = set(parse_section(merged, "eval", EvalConfig).systems)
     assert rows == {system, f"{system}_warmup", f"{system}_trained"}
     assert merged["joint"]["systems"] == [system]
-    assert merged["joint"][system]["ppo"] == ppo
+    # the recipe's keys over the system's own overrides in the default (DECOR's and QAgent's: their RL size), no more
+    assert merged["joint"][system]["ppo"] == {**(default["joint"][system].get("ppo") or {}), **ppo}
     if profile.endswith("_group_recipe"):                # the critic-free estimator over 4 rollouts a question
         from stages.train_joint import load_joint
 
