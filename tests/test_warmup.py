@@ -542,3 +542,47 @@ def test_the_rollout_probe_sends_policy_roles_to_the_trainers_model_and_frozen_r
     frozen = seen[D.SUMMARIZER]
     probe.episodes(model)
     assert seen[D.SUMMARIZER] is frozen                                                # loaded once
+
+
+def test_the_rollout_probe_keeps_the_prefix_cache_inside_one_probe_and_answers_as_without_it(tiny_llama):
+    """llm.prefix_cache_tokens is on in the probe: each probe builds a fresh policy engine, so its cache never holds
+    KV from weights a later optimiser step changed, and the greedy trajectories equal those without a cache."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from helpers_agents import KeywordRetriever
+    from ragteam.warmup.sft import RolloutProbe
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    params = {**PARAMS, "decor": {**PARAMS["decor"], "t_max": 1}}
+    questions = [{"id": f"q{i}", "question": f"Where is the Louvre {i}?", "golden_answers": ["Paris"]}
+                 for i in range(3)]
+    retriever = KeywordRetriever([("Louvre", "The Louvre is in Paris.")])
+    system = oracle_system("decor", params)
+    engines = []
+
+    def run(rows, team, r):
+        engines.append(team.engine(D.PLANNER))
+        return system.run(rows, team, r)
+
+    def probe(cache: int) -> RolloutProbe:
+        return RolloutProbe(dataclasses.replace(system, run=run), questions, retriever,
+                            {"default": SamplingConfig(max_new_tokens=6)},
+                            CPU.model_copy(update={"prefix_cache_tokens": cache}), str(tiny_llama),
+                            AutoTokenizer.from_pretrained(tiny_llama))
+
+    cached, plain = probe(4096), probe(0)
+    assert cached.cfg.prefix_cache_tokens == 4096
+    answers = [[c.response for c in ep.calls] for ep in cached.episodes(model)]
+    assert engines[-1].prefix_cache_tokens == 4096 and engines[-1]._prefix_cache    # the cache was used
+    assert answers == [[c.response for c in ep.calls] for ep in plain.episodes(model)]
+    first = engines[0]
+    with torch.no_grad():                                  # an optimiser step between two probes
+        for w in model.parameters():
+            w.add_(0.05 * torch.randn_like(w))
+    changed = [[c.response for c in ep.calls] for ep in cached.episodes(model)]
+    assert engines[-1] is not first and engines[-1].model is model          # a fresh engine: a fresh cache
+    engines.clear()
+    assert changed == [[c.response for c in ep.calls] for ep in plain.episodes(model)]
