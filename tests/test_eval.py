@@ -107,14 +107,19 @@ def test_report_and_plots(tmp_path):
 
 
 def test_figures_group_systems_by_family_at_most_8_per_panel_with_f1_intervals_as_error_bars(tmp_path, monkeypatch):
-    """The default eval.systems (29 rows) in panels of their family (the paper they come from), none over 8 series;
+    """The default eval.systems and profiles/extra_rows' (29 rows) in panels of their family (the paper they come
+    from), none over 8 series;
     each bar's error bar is its 95 % bootstrap interval; a group over 8 is refused rather than drawn unreadable."""
     from matplotlib.axes import Axes
 
     from ragteam.eval.evaluate import system_groups
 
-    systems = parse_section(yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text()), "eval",
+    from ragteam.profiles import merged_params
+
+    repo = Path(__file__).parents[1]
+    systems = parse_section(merged_params(["extra_rows"], repo / "params.yaml", repo / "profiles"), "eval",
                             EvalConfig).systems
+    assert len(systems) == 29
     groups = system_groups(systems)
     assert list(groups)[:3] == ["Baselines", "MAPS", "JADE"] and "M-ASK" in groups and "QAgent" in groups
     assert all(1 <= len(g) <= 8 for g in groups.values()) and sum(map(len, groups.values())) == len(systems)

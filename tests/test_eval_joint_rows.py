@@ -15,9 +15,12 @@ import yaml
 
 from ragteam.config import ParamsError
 from ragteam.eval.evaluate import EvalConfig, comparison_pairs, rows_without_their_stage, without_rows
+from ragteam.profiles import merged_params
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+# the default rows and the 8-question rows it leaves out (QAgent's plug-in rows read train_joint@qagent's checkpoint)
+EVAL_ALL = merged_params(["extra_rows"], REPO / "params.yaml", REPO / "profiles")["eval"]
 
 
 def _joint(systems):
@@ -25,7 +28,7 @@ def _joint(systems):
 
 
 def test_rows_reading_a_left_out_systems_checkpoints_are_dropped_and_say_why():
-    ev = EvalConfig(**PARAMS["eval"])
+    ev = EvalConfig(**EVAL_ALL)
     assert rows_without_their_stage(ev, PARAMS["joint"]) == {}          # the default trains all four
     dropped = rows_without_their_stage(ev, _joint(["mask"]))
     assert set(dropped) == {"jade_trained", "jade_warmup", "decor_trained", "decor_warmup", "qagent_trained",

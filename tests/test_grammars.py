@@ -75,8 +75,10 @@ def test_grammar_rows_constrain_every_role_of_their_workflow_and_are_paired_with
         SystemSpec(workflow="maps", grammar=True)
 
 
-def test_the_default_evaluation_has_a_grammar_row_per_joint_system_beside_its_base_row():
-    ev = parse_section(load_params(REPO / "params.yaml"), "eval", EvalConfig)
+def test_the_extra_rows_profile_has_a_grammar_row_per_joint_system_beside_the_defaults_base_row():
+    from ragteam.profiles import merged_params
+
+    ev = parse_section(merged_params(["extra_rows"], REPO / "params.yaml", REPO / "profiles"), "eval", EvalConfig)
     for system in GRAMMARS:
         spec = ev.systems[f"{system}_grammar"]
         assert spec.grammar and spec.workflow == system and spec.model is None and not spec.trained_agents

@@ -106,6 +106,7 @@ def test_paper_profile_sets_the_maps_choices_and_every_section_validates(tmp_pat
     params = tmp_path / "params.yaml"
     params.write_text((repo / "params.yaml").read_text())
     apply_profile("paper", params, repo / "profiles")
+    apply_profile("extra_rows", params, repo / "profiles")     # the 8-question rows the default leaves out
     apply_profile("table3", params, repo / "profiles")
     merged = load_params(params)
     ev = parse_section(merged, "eval", EvalConfig)
@@ -114,7 +115,8 @@ def test_paper_profile_sets_the_maps_choices_and_every_section_validates(tmp_pat
     # every row on every question: the default profile's per-system counts do not leak into the paper's table
     assert {ev.questions_for(n) for n in ev.systems} == {100000}
     default = parse_section(load_params(repo / "params.yaml"), "eval", EvalConfig)
-    assert default.questions_for("standard_rag") > default.questions_for("maps") > default.n_questions
+    assert default.questions_for("standard_rag") == default.questions_for("maps") > default.n_questions
+    assert not {"ircot", "sure", "mask_grammar"} & set(default.systems)      # 8-question rows: profiles/extra_rows
     sp = parse_section(merged, "synthesize", SynthesizeParams)
     assert (sp.max_q1, sp.max_t2, sp.judge_candidates) == (8148, 10000, ["t2"])
     # MAPS Sec. 3.2: the answer agent's questions are the medium and hard splits; the profile states it itself, so a
@@ -150,17 +152,17 @@ def test_a_profile_sets_a_rows_own_field_and_a_typo_in_a_row_is_still_an_error(t
     repo = Path(__file__).resolve().parents[1]
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "more.yaml").write_text(yaml.safe_dump(
-        {"eval": {"systems": {"sure": {"n_questions": 40}, "decor_trained": {"n_questions": 64}}}}))
+        {"eval": {"systems": {"maps_untrained": {"fixed_rounds": 2}, "decor_trained": {"n_questions": 64}}}}))
     flags = profile_flags(["more"], repo / "params.yaml", tmp_path / "profiles")
-    assert "-S '+eval.systems.sure.n_questions=40'" in flags                  # a new key: added
+    assert "-S '+eval.systems.maps_untrained.fixed_rounds=2'" in flags         # a new key: added
     assert "-S 'eval.systems.decor_trained.n_questions=64'" in flags and len(flags) == 2   # an existing one: set
     params = tmp_path / "params.yaml"
     params.write_text((repo / "params.yaml").read_text())
     apply_overrides(str(params), [f.split(" ", 1)[1].strip("'") for f in flags])
     rows = load_params(params)["eval"]["systems"]
-    assert rows["sure"] == {"workflow": "sure", "n_questions": 40}
+    assert rows["maps_untrained"] == {"workflow": "maps", "n_questions": 40, "fixed_rounds": 2}
     assert rows["decor_trained"] == {"workflow": "decor", "model": "models/agents/decor", "n_questions": 64}
-    assert rows["maps"]["n_questions"] == 40 and "n_questions" not in rows["ircot"]   # the other rows as they were
+    assert rows["maps"]["n_questions"] == 40 and "fixed_rounds" not in rows["maps"]   # the other rows as they were
     (tmp_path / "profiles" / "bad.yaml").write_text(yaml.safe_dump({"eval": {"systems": {"mask": {"n_question": 4}}}}))
     with pytest.raises(ParamsError, match=r"eval\.systems\.mask\.n_question' does not exist"):
         profile_flags(["bad"], repo / "params.yaml", tmp_path / "profiles")
