@@ -175,7 +175,7 @@ COMPARED = {
     "train_judge": ("loss_last", "token_accuracy_last"),
     "train_joint": ("reward_first", "reward_last", "episode_f1_first", "episode_f1_last", "format_error_rate_first",
                     "format_error_rate_last", "explained_variance_last", "stage*/episode_f1_*",
-                    "stage*/format_error_rate_*"),
+                    "stage*/format_error_rate_*", "probe/team_reward_*", "probe/f1_*"),
 }
 
 

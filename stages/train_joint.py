@@ -24,6 +24,7 @@ from ragteam.io import DataError
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import collapsed
 from ragteam.train.ppo import PPOParams, train_joint_ppo
+from ragteam.train.probe import ProbeParams, probe_questions, probe_schedule, probe_summary, team_reward_probe
 from ragteam.train.qagent import QAgentTrainParams
 from ragteam.train.systems import JadeTrainParams, MaskTrainParams
 from ragteam.warmup.start import WARMUP_DIR, start_model
@@ -49,6 +50,7 @@ class JointParams(Strict):
     jade: JadeTrainParams = JadeTrainParams()          # JointSystemParams' fields + JADE's estimator choice
     decor: JointSystemParams = JointSystemParams()
     qagent: QAgentTrainParams = QAgentTrainParams()   # JointSystemParams' fields + QAgent's two-stage GRPO
+    probe: ProbeParams = ProbeParams()           # the team-reward probe on the pool's last questions (ragteam.train.probe)
 
 
 def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams | MaskTrainParams | JadeTrainParams]:
@@ -68,8 +70,41 @@ def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, Joint
     return ppo, jp, sp
 
 
+def make_probe(system: str, params: dict, jp: JointParams, pool: Sequence[dict], max_questions: int, retriever,
+               total_steps: int):
+    """The team-reward probe of `system`'s RL (`joint.probe`; None when off) and the global steps it runs at: the
+    pool's last `joint.probe.questions`, clear of RL's questions and of the warm-up's traced ones."""
+    from ragteam.warmup.sft import WarmupParams
+
+    if not jp.probe.questions:
+        return None, set(), []
+    used = {f"joint.{system}.max_questions": max_questions}
+    if "warmup" in params:   # the traced questions, whether or not a warm-up runs (the check stays one rule)
+        used["warmup.questions"] = parse_section(params, "warmup", WarmupParams).questions
+    rows = probe_questions(pool, jp.probe.questions, used)
+    return (team_reward_probe(system, rows, retriever, params), probe_schedule(total_steps, jp.probe.every),
+            [r["id"] for r in rows])
+
+
+def probe_tag(jp: JointParams, steps: set[int], ids: Sequence[str]) -> dict[str, Any]:
+    """What of the probe goes into the checkpoints' fingerprint: its entries are in the saved log, so a run resumed
+    under another probe would mix two probes' curves (empty when off: fingerprints of runs without it unchanged)."""
+    return {"probe": {"steps": sorted(steps), "questions": list(ids)}} if jp.probe.questions else {}
+
+
+# the team-reward probe (ragteam.train.probe): the same held-out questions each time, greedily
+PROBE_PANEL = ("probe: team reward, F1 (held-out, greedy)", ["probe/team_reward", "probe/f1"])
+
+
+def probe_card(jp: JointParams, ids: Sequence[str]) -> dict[str, Any]:
+    """The probe's settings and questions for the model card; nothing when off, so an agent trained without it
+    saves the same bytes as before the probe existed."""
+    return {"joint.probe": {**jp.probe.model_dump(), "question_ids": list(ids)}} if jp.probe.questions else {}
+
+
 def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> list:
-    """The curves' layout: rewards per role, the signal (mean |advantage| before and after whitening, the reward's
+    """The curves' layout: rewards per role, the step's reward and the probe's (the same held-out questions at
+    every probe), the signal (mean |advantage| before and after whitening, the reward's
     spread within each question's group where there are groups), losses (the value loss, explained variance and the policy's and the
     critic's gradient norms with a critic; the groups trained by dynamic sampling, the policy loss and its gradient
     norm without one), KL, clipping, lengths, format errors, turns, then the system's own figures."""
@@ -79,7 +114,8 @@ def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> lis
     own = [s for s in stats if s not in ("turns", "searches")]
     signal = [("advantage |A| (raw, trained)", ["advantage_abs_raw", "advantage_abs"]),
               ("reward spread in groups", ["reward_group_std", "groups_with_spread"])]
-    return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), *signal, *learn,
+    return [("reward per role", [f"reward/{r}" for r in roles]), ("reward", ["reward", "episode_f1"]), PROBE_PANEL,
+            *signal, *learn,
             ("KL", ["approx_kl", "kl_ref", "kl_start"]), "clip_frac", "response_tokens", "format_error_rate",
             ("turns, searches", ["turns", "searches"]), *([("system figures", own)] if own else [])]
 
@@ -94,9 +130,10 @@ def run(system_name: str, params: dict) -> dict:
     llm = parse_section(params, "llm", LLMConfig).for_stage(f"train_joint_{system_name}")
     if not POOL.is_file():
         raise DataError(f"{POOL}: missing (training questions); run stage prepare_data first (dvc repro)")
-    rows = load_qa(POOL)
-    rows = rows[: sp.max_questions] if sp.max_questions else rows
+    pool = load_qa(POOL)
+    rows = pool[: sp.max_questions] if sp.max_questions else pool
     retriever = open_retriever(jp.retriever)
+    probe, probe_steps, probe_ids = make_probe(system_name, params, jp, pool, sp.max_questions, retriever, ppo.steps)
     start = start_model(WARMUP_DIR / system_name, llm.model)
     system = build_system(system_name, params, retriever)
     if start != llm.model:   # frozen helper roles on "the base model" stay on the backbone, not on the warm-up's weights
@@ -107,7 +144,9 @@ def run(system_name: str, params: dict) -> dict:
           f"{'critic ' + ppo.critic if system.critic else 'no critic (system advantages)'}, "
           f"LoRA {ppo.lora.enabled}, rollouts {ppo.rollout_backend} on {llm.backend}/{llm.device}", flush=True)
     result = train_joint_ppo(system, rows, start, CHECKPOINTS / stage, ppo, llm, dict(llm.sampling),
-                             run_tag={"retriever": jp.retriever, "max_questions": sp.max_questions},
+                             run_tag={"retriever": jp.retriever, "max_questions": sp.max_questions,
+                                      **probe_tag(jp, probe_steps, probe_ids)},
+                             probe=probe, probe_steps=probe_steps,
                              on_step=lambda step, e: print(
                                  f"{stage}: step {step}/{ppo.steps} reward {e['reward']:.3f} episode F1 "
                                  f"{e['episode_f1']:.3f} policy loss {e.get('policy_loss', 0):.4f} format errors "
@@ -129,11 +168,12 @@ def run(system_name: str, params: dict) -> dict:
     extra["nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in curve)
     extra["optimizer_steps"] = sum(int(r.get("optimizer_steps", 0)) for r in curve)
     extra["questions"] = len(rows)
+    extra.update(probe_summary(curve))
     return finish_agent(
         result, curve, stage=stage, agent=system_name, base_model=start,
         backend=f"ragteam joint PPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
         params={"joint.ppo": ppo.model_dump(), f"joint.{system_name}": sp.model_dump(), "system": system.describe,
-                "retriever": jp.retriever},
+                "retriever": jp.retriever, **probe_card(jp, probe_ids)},
         reward=REWARD_TEXT[system_name], extra_metrics=extra, panels=panels(system.roles, system.critic, list(system.stats)),
         title=(f"{system_name}: joint {'PPO' if system.critic else 'group policy gradient'}, {ppo.steps} steps x "
                f"{ppo.questions_per_step} questions{group}"),
@@ -146,7 +186,7 @@ def run(system_name: str, params: dict) -> dict:
                f"episode F1 and response length both falling below {1 - ppo.collapse_drop:.0%} of their best window."))
 
 
-QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), "zero_advantage", "policy_loss", "grad_norm/policy",
+QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), PROBE_PANEL, "zero_advantage", "policy_loss", "grad_norm/policy",
                  ("KL", ["approx_kl", "kl_ref", "kl_start"]), "response_tokens", ("format errors, cut at max_seq_len",
                                                                       ["format_error_rate", "truncated"]),
                  ("turns, searches", ["turns", "searches"])]
@@ -167,9 +207,11 @@ def run_qagent(params: dict) -> dict:
     per_stage = {s: stage_ppo(ppo, tp, s) for s in tp.stages}
     if not POOL.is_file():
         raise DataError(f"{POOL}: missing (training questions); run stage prepare_data first (dvc repro)")
-    rows = load_qa(POOL)
-    rows = rows[: tp.max_questions] if tp.max_questions else rows
+    pool = load_qa(POOL)
+    rows = pool[: tp.max_questions] if tp.max_questions else pool
     retriever = open_retriever(jp.retriever)
+    probe, probe_steps, probe_ids = make_probe("qagent", params, jp, pool, tp.max_questions, retriever,
+                                               sum(per_stage[s].steps for s in tp.stages))
     generator_model = tp.generator or llm.model
     start = start_model(WARMUP_DIR / "qagent", llm.model)
     pool = EnginePool(llm)
@@ -181,13 +223,15 @@ def run_qagent(params: dict) -> dict:
           f"generator {generator_model}, on {llm.backend}/{llm.device}", flush=True)
     result, curve = train_qagent(
         systems, rows, start, CHECKPOINTS / stage, per_stage, llm, dict(llm.sampling),
-        run_tag={"retriever": jp.retriever, "max_questions": tp.max_questions, "generator": generator_model},
+        run_tag={"retriever": jp.retriever, "max_questions": tp.max_questions, "generator": generator_model,
+                 **probe_tag(jp, probe_steps, probe_ids)},
+        probe=probe, probe_steps=probe_steps,
         on_step=lambda s, step, e: print(
             f"{stage}: {s} step {step}/{per_stage[s].steps} reward {e['reward']:.3f} episode F1 "
             f"{e['episode_f1']:.3f} zero-advantage {e.get('zero_advantage', 0):.2f} format errors "
             f"{e['format_error_rate']:.2f} cut {e['truncated']:.2f} tokens {e['response_tokens']:.0f} "
             f"({e['step_seconds']:.1f} s, rollout {e['rollout_seconds']:.1f} s)", flush=True))
-    extra: dict[str, Any] = {"questions": len(rows)}
+    extra: dict[str, Any] = {"questions": len(rows), **probe_summary(curve)}
     for s in tp.stages:
         rs = [r for r in curve if r["stage"] == s]
         for col in ("reward", "episode_f1", "format_error_rate", "response_tokens", "zero_advantage", "turns",
@@ -207,7 +251,7 @@ def run_qagent(params: dict) -> dict:
         backend=f"ragteam joint loop, multi-turn GRPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
         params={"joint.qagent": tp.model_dump(), **{f"joint.ppo ({s})": per_stage[s].model_dump() for s in tp.stages},
                 "qagent": dict(params.get("qagent") or {}),
-                "retriever": jp.retriever, "generator": generator_model},
+                "retriever": jp.retriever, "generator": generator_model, **probe_card(jp, probe_ids)},
         reward=REWARD_TEXT["qagent"], extra_metrics=extra, panels=QAGENT_PANELS,
         title=f"qagent: multi-turn GRPO, {' + '.join(f'{per_stage[s].steps} ({s})' for s in tp.stages)} steps x "
               f"{ppo.questions_per_step} questions x G {tp.group_size}",

@@ -239,3 +239,21 @@ def test_rl_recipe_profiles_keep_only_their_systems_rows_and_set_the_recipe(tmp_
     assert merged["warmup"]["sft"]["seed"] == default["warmup"]["sft"]["seed"]   # seeds: `replicate flags`
     for row in rows:                                     # the rows kept are the default's, unchanged
         assert merged["eval"]["systems"][row] == default["eval"]["systems"][row]
+
+
+def test_the_rl_probe_profile_turns_the_probe_on_and_composes_with_a_recipe(tmp_path):
+    from pathlib import Path
+
+    from ragteam.profiles import profile_flags
+    from stages.train_joint import load_joint
+
+    repo = Path(__file__).resolve().parents[1]
+    params = tmp_path / "params.yaml"
+    params.write_text((repo / "params.yaml").read_text())
+    default = load_params(repo / "params.yaml")
+    assert load_joint(default, "jade")[1].probe.questions == 0                 # off in the default run
+    merged = _dvc_set(params, profile_flags(["jade_rl_recipe", "rl_probe"], params, repo / "profiles"))
+    ppo, jp, _ = load_joint(merged, "jade")
+    assert (jp.probe.questions, jp.probe.every) == (12, 2)
+    assert (ppo.steps, ppo.questions_per_step, ppo.temperature) == (8, 8, 0.7)   # the recipe, untouched
+    assert merged["joint"]["systems"] == ["jade"]

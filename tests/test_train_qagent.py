@@ -431,8 +431,14 @@ def test_stage_trains_both_stages_to_a_saved_agent_with_a_card(tiny, tmp_path, m
     params["joint"]["qagent"].update(group_size=2, stage1_steps=1, stage2_steps=1, max_questions=2)
     params["joint"]["qagent"]["ppo"].update(questions_per_step=1, minibatch_size=2, micro_batch_size=2)
     params["joint"]["qagent"]["ppo"]["lora"] = {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1}
+    # the team-reward probe on the pool's last question, which neither RL (the first 2) nor the warm-up (the
+    # first 1) reads: before stage 1's first step and after stage 2's last
+    params["joint"]["probe"] = {"questions": 1, "every": 0}
+    params["warmup"]["questions"] = 1
     monkeypatch.chdir(tmp_path)
-    write_jsonl(Path("data/prepared/train/pool.jsonl"), ROWS)
+    held = {"id": "H", "question": "Which state has Denver as capital?", "golden_answers": ["Colorado"],
+            "metadata": {}}
+    write_jsonl(Path("data/prepared/train/pool.jsonl"), [*ROWS, held])
     monkeypatch.setattr(ragteam.retrieval, "open_retriever", lambda index: KeywordRetriever(PASSAGES))
     from ragteam.io import DataError
     from ragteam.warmup.start import WARMUP_OFF
@@ -452,3 +458,8 @@ def test_stage_trains_both_stages_to_a_saved_agent_with_a_card(tiny, tmp_path, m
     assert metrics["stage1/truncated_last"] == metrics["stage2/truncated_last"] == 0.0   # max_seq_len 2048
     curves = read_curves(tmp_path / "reports/training/train_joint_qagent")
     assert [s for s, _ in curves["reward"]] == [1, 2] and "reward.qagent" in curves
+    # the probe: its own step-0 point, then after the last step of stage 2 (global step 2), on one question
+    assert [s for s, _ in curves["probe.team_reward"]] == [0, 2] and [s for s, _ in curves["probe.f1"]] == [0, 2]
+    assert metrics["probe/team_reward_first"] == curves["probe.team_reward"][0][1]
+    assert metrics["probe/team_reward_last"] == curves["probe.team_reward"][1][1]
+    assert '"question_ids": [\n      "H"\n    ]' in card      # which questions, on the model card

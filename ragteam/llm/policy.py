@@ -94,6 +94,15 @@ class Rollouts:
         return Team(lambda role: self.frozen.get(role, self.engine), dict(self.sampling),
                     seed=call_seed(self.seed, step, process), keep_token_ids=True)
 
+    def greedy_team(self, policy) -> Team:
+        """A Team on `policy`'s current weights whose trained roles decode greedily (the team-reward probe,
+        `ragteam.train.probe`); frozen roles keep their own settings, as in the rollouts. No seed: a greedy call
+        draws no random numbers."""
+        self.engine.sync(policy)
+        sampling = {r: s if r in self.frozen else s.model_copy(update={"temperature": 0.0, "top_p": 1.0})
+                    for r, s in self.sampling.items()}
+        return Team(lambda role: self.frozen.get(role, self.engine), sampling)
+
     def close(self) -> None:
         self.engine.close()
         for e in self._loaded.values():

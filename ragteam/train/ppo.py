@@ -56,7 +56,7 @@ import statistics
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -837,11 +837,16 @@ def compute_dtype(engine_dtype: str, device: str):
 def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, ckpt_dir: str | Path,
                     p: PPOParams, engine_cfg: EngineConfig, sampling: dict[str, SamplingConfig] | None = None,
                     *, run_tag: dict[str, Any] | None = None,
-                    on_step: Callable[[int, dict], None] | None = None) -> TrainResult:
+                    on_step: Callable[[int, dict], None] | None = None,
+                    probe: Callable[[Team], dict[str, float]] | None = None,
+                    probe_steps: Collection[int] = ()) -> TrainResult:
     """Train one shared policy on every role of `system` with PPO; checkpoints under `ckpt_dir` (resumed).
 
     `rows`: training questions ({"id", "question", "golden_answers"}). `sampling`: per-role generation settings
     (max_new_tokens; temperature and top_p come from `p`). Returns the policy (LoRA not merged) and the log history.
+    `probe` (`ragteam.train.probe`): run on a greedy Team of the current policy before the first step (0 in
+    `probe_steps`: a log entry of its own at step 0) and after each step in `probe_steps` (merged into that step's
+    entry, with `probe_seconds`); it reads the policy and changes nothing a step learns.
     """
     import torch
     from accelerate import Accelerator
@@ -904,6 +909,23 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
     t_start = time.perf_counter()
 
     ref_logp = partial(start_logp, ac, ref, p)
+
+    def run_probe() -> dict[str, float]:
+        t = time.perf_counter()
+        was_training = ac.training
+        ac.eval()
+        try:
+            with ac.autocast():
+                out = probe(rollouts.greedy_team(ac.policy))
+        finally:
+            ac.train(was_training)
+        print(f"{system.name}: probe after step {step}: "
+              + " ".join(f"{k.removeprefix('probe/')} {v:.3f}" for k, v in out.items())
+              + f" ({time.perf_counter() - t:.1f} s)", flush=True)
+        return {**out, "probe_seconds": time.perf_counter() - t}
+
+    if probe is not None and step == 0 and 0 in probe_steps:
+        history.append({"step": 0, **run_probe()})
     while step < p.steps:
         t0 = time.perf_counter()
         # 1-2. rollout (this process's share of the step's questions) and rewards
@@ -949,6 +971,8 @@ def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, 
                           system.stats)
         entry.update(selection)
         entry.update(step_seconds=time.perf_counter() - t0, rollout_seconds=t_rollout)
+        if probe is not None and step in probe_steps:
+            entry.update(run_probe())
         history.append(entry)
         log.info("step %d/%d reward %.3f f1 %.3f policy_loss %.4f value_loss %.4f (%.1fs)", step, p.steps,
                  entry["reward"], entry["episode_f1"], entry.get("policy_loss", 0.0), entry.get("value_loss", 0.0),

@@ -23,7 +23,7 @@ Stage 2 starts from the stage-1 model (saved, LoRA merged, under the work dir) a
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -194,11 +194,17 @@ def stage_ppo(base: PPOParams, tp: QAgentTrainParams, stage: Stage) -> PPOParams
 def train_qagent(systems: Mapping[Stage, Callable[[], JointSystem]], rows: Sequence[dict], model_path: str,
                  work_dir: str | Path, ppo: Mapping[Stage, PPOParams], engine_cfg: EngineConfig,
                  sampling: Mapping[str, SamplingConfig] | None = None, *, run_tag: Mapping[str, Any] | None = None,
-                 on_step: Callable[[str, int, dict], None] | None = None) -> tuple[TrainResult, list[dict]]:
+                 on_step: Callable[[str, int, dict], None] | None = None,
+                 probe: Callable[[Team], dict[str, float]] | None = None,
+                 probe_steps: Collection[int] = ()) -> tuple[TrainResult, list[dict]]:
     """Run the stages in order (`systems`' keys, stage1 before stage2), each from the previous stage's model
     (saved LoRA-merged to `work_dir/<stage>_model`, whose fingerprint makes a retrained stage 1 invalidate stage
     2's checkpoints); a finished stage resumes as a no-op. Returns the last stage's result (global_step, seconds
-    and `extra["stages"]` covering all stages) and the curve rows (column `stage`, steps continued across stages)."""
+    and `extra["stages"]` covering all stages) and the curve rows (column `stage`, steps continued across stages).
+    `probe` runs at the global steps `probe_steps` (0: before stage 1's first step), whichever stage they fall in
+    (`ragteam.train.probe.stage_probe_steps`)."""
+    from ragteam.train.probe import stage_probe_steps
+
     work = Path(work_dir)
     order = [s for s in ("stage1", "stage2") if s in systems]
     if not order:
@@ -208,7 +214,9 @@ def train_qagent(systems: Mapping[Stage, Callable[[], JointSystem]], rows: Seque
         system = systems[stage]()
         result = train_joint_ppo(system, rows, model, work / stage, ppo[stage], engine_cfg, dict(sampling or {}),
                                  run_tag={**(run_tag or {}), "stage": stage},
-                                 on_step=(lambda step, e, _s=stage: on_step(_s, step, e)) if on_step else None)
+                                 on_step=(lambda step, e, _s=stage: on_step(_s, step, e)) if on_step else None,
+                                 probe=probe, probe_steps=stage_probe_steps(set(probe_steps), offset,
+                                                                            ppo[stage].steps))
         rows_out += curve_rows_joint(result.log_history, offset, stage)
         summaries[stage] = {"global_step": result.global_step, "seconds": result.seconds,
                             "resumed_from": result.resumed_from, "fingerprint": result.extra["fingerprint"]}
