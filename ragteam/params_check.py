@@ -55,12 +55,13 @@ def check_params(params: dict[str, Any], source: str = "params.yaml") -> None:
             parse_section(params, section, model, source)
     if "joint" not in params or _model("stages.train_joint:load_joint") is None:
         return
-    from stages.train_joint import JointParams, load_joint
+    from ragteam.train.systems import SYSTEMS
+    from stages.train_joint import load_joint
 
     systems = (params["joint"] or {}).get("systems") or []
     if not isinstance(systems, list):
         raise ParamsError(f"{source}: joint.systems must be a list of system names, got {systems!r}")
-    known = sorted(k for k in JointParams.model_fields if k not in ("systems", "retriever", "ppo"))
+    known = sorted(SYSTEMS)     # the trainer's registry: joint.probe, .ppo, .retriever are sections, not systems
     unknown = [s for s in systems if s not in known]
     if unknown:
         raise ParamsError(f"{source}: joint.systems: unknown system(s) {unknown} (known: {', '.join(known)})")
