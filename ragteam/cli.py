@@ -467,14 +467,21 @@ def serve_retriever(
     max_queries: Optional[int] = typer.Option(None, help="most queries in one request"),
     max_query_chars: Optional[int] = typer.Option(None, help="longest query in characters"),
     max_topk: Optional[int] = typer.Option(None, help="largest topk / N"),
+    token_file: Optional[Path] = typer.Option(None, help="a file whose first line is the bearer token clients "
+                                              "must send (default: $RAGTEAM_RETRIEVER_TOKEN); required unless "
+                                              "--host is loopback"),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", help="a Host name the service answers to; "
+                                           "repeat (default beyond loopback: the bound address and this "
+                                           "machine's names)"),
+    docs: bool = typer.Option(False, "--docs", help="serve /docs and /openapi.json"),
     params: Path = typer.Option(Path("params.yaml"), help="defaults come from its retrieval.service section"),
 ) -> None:
-    """Serve an index over HTTP: Search-R1 `POST /retrieve` and JADE/M-ASK `POST /search`."""
+    """Serve an index over HTTP: Search-R1 `POST /retrieve` and JADE/M-ASK `POST /search` (docs/security.md)."""
     from ragteam.config import ParamsError, load_params, parse_section
     from ragteam.io import DataError
     from ragteam.retrieval import open_retriever
     from ragteam.retrieval.config import RetrievalParams
-    from ragteam.retrieval.service import ServiceLimits, serve
+    from ragteam.retrieval.service import ServiceLimits, exposure_for, read_token, serve
 
     try:
         cfg = parse_section(load_params(params), "retrieval", RetrievalParams, str(params)).service \
@@ -486,16 +493,19 @@ def serve_retriever(
                                max_query_chars=max_query_chars or base.max_query_chars,
                                max_topk=max_topk or base.max_topk, default_topk=topk or base.default_topk,
                                max_batch=base.max_batch)
+        host = host or (cfg.host if cfg else "127.0.0.1")
+        port = port or (cfg.port if cfg else 8000)
+        exposure = exposure_for(host, read_token(token_file), allowed_host, docs)  # before any index is loaded
         for i in index:
             _local_input(i, "index (--index)", "build it with its stage (`dvc repro index_bm25@bm25s`, "
                          "`index_dense`) or `dvc pull` it")
         retriever = open_retriever(index, corpus=corpus, encoder=encoder, convention=convention, device=device)
     except (ParamsError, DataError, ValueError, RuntimeError) as e:
         raise fail(e)
-    host = host or (cfg.host if cfg else "127.0.0.1")
-    port = port or (cfg.port if cfg else 8000)
-    typer.echo(f"serving {', '.join(map(str, index))} on http://{host}:{port} (POST /retrieve, POST /search)", err=True)
-    serve(retriever, host=host, port=port, limits=limits, name="+".join(p.name for p in index))
+    auth = "bearer token required" if exposure.token else "no token"
+    typer.echo(f"serving {', '.join(map(str, index))} on http://{host}:{port} (POST /retrieve, POST /search; "
+               f"{auth})", err=True)
+    serve(retriever, host=host, port=port, limits=limits, name="+".join(p.name for p in index), exposure=exposure)
 
 
 def _local_input(path: str | Path, what: str, fix: str) -> None:

@@ -6,21 +6,44 @@ Search-R1 (and verl's copy of its server): `{"queries": [str], "topk": int|null,
 "N": int}` -> `[{"top_k_docs": [contents, ...]}]`, one object per question.
 
 Requests from concurrent clients are queued and run as one `batch_search` (one encoder batch for dense
-retrieval); a request over a limit gets a 422 naming the limit.
+retrieval); a request over a limit gets a 422 naming the limit. What guards the service (docs/security.md):
+
+- one bad request fails only itself: a merged batch that raises is rerun request by request, and text the encoder
+  cannot take (a lone surrogate) is refused up front with a 422;
+- a body over `ServiceLimits.max_body_bytes` (derived from the request limits) is refused with 413 before it is
+  parsed; a client that stalls in its headers or body is cut off after `header_timeout_s` / `body_timeout_s`;
+- types are strict (no `true` or `"7"` for an int, no NaN), and a 422 lists at most ten errors without echoing
+  the input;
+- an optional bearer token (required by `serve` on any address but loopback), trusted Host names, and no
+  `/docs` or `/openapi.json` unless asked.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import logging
+import math
+import os
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from ragteam.retrieval.base import Hit, Retriever
+from ragteam.retrieval.client import TOKEN_ENV, is_loopback
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")  # the Host names a loopback-bound service answers to
+MAX_ERRORS = 10                         # errors listed in one 422
+MAX_LOC_CHARS = 64                      # a location element (a field name a client chose) is cut to this
 
 
 @dataclass(frozen=True)
@@ -30,23 +53,56 @@ class ServiceLimits:
     max_topk: int = 100
     default_topk: int = 3         # Search-R1's server default (--topk 3) when a request sends topk null
     max_batch: int = 1024         # queries merged into one batch_search call
+    header_timeout_s: float = 10.0   # a connection must send its request's headers within this
+    body_timeout_s: float = 10.0     # ... and each chunk of its body within this
+    max_connections: int = 512       # open connections (or running requests) before new requests get 503
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest body a valid request can need: every query at its longest, each character written as a
+        JSON escape (`\\uXXXX`, 6 bytes), plus room for the keys and separators. Anything larger is refused
+        before it is read."""
+        return self.max_queries * (self.max_query_chars * 6 + 8) + 4096
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """Who may talk to the service: a bearer token (None: anyone who can reach it), the Host names it answers to
+    (None: any; bound beyond loopback `serve` sets them), and whether the OpenAPI docs are served."""
+    token: Optional[str] = None
+    allowed_hosts: Optional[tuple[str, ...]] = None
+    docs: bool = False
 
 
 class RetrieveRequest(BaseModel):
-    """Search-R1's QueryRequest."""
+    """Search-R1's QueryRequest, with strict types (`topk: true` or `"7"` is an error, not 1 or 7)."""
 
     model_config = ConfigDict(extra="forbid")
-    queries: list[str]
-    topk: int | None = None
-    return_scores: bool = False
+    queries: list[StrictStr]
+    topk: StrictInt | None = None
+    return_scores: StrictBool = False
 
 
 class SearchRequest(BaseModel):
     """JADE / M-ASK RetrievalTool payload."""
 
     model_config = ConfigDict(extra="forbid")
-    questions: list[str]
-    N: int | None = None
+    questions: list[StrictStr]
+    N: StrictInt | None = None
+
+
+class QueryRejected(Exception):
+    """The retriever raised on this request alone, while the requests batched with it were served."""
+
+
+def _unencodable_at(text: str) -> int | None:
+    """The position of the first character UTF-8 cannot encode (a lone surrogate such as "\\ud800", which JSON
+    allows), or None. Tokenizers raise on such text, so it is refused before it reaches a batch."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def _limit_errors(field: str, queries: list[str], k_field: str, k: int, limits: ServiceLimits) -> list[dict]:
@@ -65,6 +121,9 @@ def _limit_errors(field: str, queries: list[str], k_field: str, k: int, limits: 
     for i, q in enumerate(queries):
         if not q.strip():
             err([field, i], f"query {i} is empty or whitespace", "min_query_chars", 0)
+        elif (bad_at := _unencodable_at(q)) is not None:
+            err([field, i], f"query {i} is not valid Unicode text: a lone surrogate at character {bad_at}",
+                "unicode_text", bad_at)
         elif len(q) > limits.max_query_chars:
             err([field, i], f"query {i} has {len(q)} characters, over max_query_chars={limits.max_query_chars}",
                 "max_query_chars", len(q))
@@ -82,7 +141,9 @@ class MicroBatcher:
     """Merges the queries of requests waiting at the same moment into one `batch_search` per distinct k.
 
     No timer: while one batch runs, new requests queue up and all of them form the next batch, so a lone
-    request pays no extra latency and a crowd is served in big encoder/searcher batches.
+    request pays no extra latency and a crowd is served in big encoder/searcher batches. A merged batch that
+    raises is rerun request by request, so one request the retriever cannot take fails alone (`QueryRejected`)
+    and the others are served.
     """
 
     def __init__(self, retriever: Retriever, max_batch: int):
@@ -91,14 +152,49 @@ class MicroBatcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval")  # engines thread inside
         self.task: asyncio.Task | None = None
         self.batches = 0  # number of batch_search calls, for tests and /health
+        self.isolated = 0  # merged batches that failed and were rerun request by request
 
     async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put((queries, k, fut))
         return await fut
 
+    async def _batch(self, queries: list[str], k: int) -> list[list[Hit]]:
+        res = await asyncio.get_running_loop().run_in_executor(self.executor, self.retriever.batch_search,
+                                                               queries, k)
+        self.batches += 1
+        return res
+
+    async def _serve_group(self, k: int, group: list) -> None:
+        flat = [q for qs, _, _ in group for q in qs]
+        try:
+            res = await self._batch(flat, k)
+        except Exception as e:  # noqa: BLE001 - whose fault it is is decided below, request by request
+            if len(group) == 1:
+                _settle(group[0][2], exc=e)
+                return
+            self.isolated += 1
+            log.warning("a merged batch of %d requests failed (%s); rerunning them one by one", len(group),
+                        type(e).__name__)
+            outcomes = []
+            for qs, _, _ in group:
+                try:
+                    outcomes.append((await self._batch(qs, k), None))
+                except Exception as one:  # noqa: BLE001
+                    outcomes.append((None, one))
+            served = any(exc is None for _, exc in outcomes)
+            for (_, _, fut), (hits, exc) in zip(group, outcomes):
+                if exc is None:
+                    _settle(fut, result=hits)
+                else:  # the others went through: this request is what the retriever cannot take
+                    _settle(fut, exc=QueryRejected(type(exc).__name__) if served else exc)
+            return
+        pos = 0
+        for qs, _, fut in group:
+            _settle(fut, result=res[pos:pos + len(qs)])
+            pos += len(qs)
+
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             items = [await self.queue.get()]
             n = len(items[0][0])
@@ -109,50 +205,143 @@ class MicroBatcher:
             for it in items:
                 by_k[it[1]].append(it)
             for k, group in by_k.items():
-                flat = [q for qs, _, _ in group for q in qs]
-                try:
-                    res = await loop.run_in_executor(self.executor, self.retriever.batch_search, flat, k)
-                    self.batches += 1
-                except Exception as e:  # one failing batch must fail its requests, not the service
-                    for _, _, fut in group:
-                        if not fut.done():
-                            fut.set_exception(e)
-                    continue
-                pos = 0
-                for qs, _, fut in group:
-                    if not fut.done():  # the client may have gone away
-                        fut.set_result(res[pos:pos + len(qs)])
-                    pos += len(qs)
+                await self._serve_group(k, group)
+
+
+def _settle(fut: asyncio.Future, *, result=None, exc: BaseException | None = None) -> None:
+    if fut.done():  # the client went away
+        return
+    if exc is None:
+        fut.set_result(result)
+    else:
+        fut.set_exception(exc)
 
 
 def _doc(h: Hit) -> dict:
     return {"id": h.id, "contents": h.contents}
 
 
-def create_app(retriever: Retriever, limits: ServiceLimits = ServiceLimits(), *, name: str = "") -> FastAPI:
+def _error_list(errors: list[dict]) -> list[dict]:
+    """At most MAX_ERRORS of pydantic's errors, each as loc/msg/type only: never the input (which may be huge, or
+    NaN that JSON cannot carry back), and each location element cut to MAX_LOC_CHARS."""
+    out = []
+    for e in errors[:MAX_ERRORS]:
+        loc = [x if isinstance(x, int) else str(x)[:MAX_LOC_CHARS] for x in e.get("loc", ())]
+        out.append({"loc": loc, "msg": str(e.get("msg", ""))[:200], "type": str(e.get("type", ""))[:64]})
+    return out
+
+
+def _json_error(status: int, detail, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+class _Guard:
+    """ASGI middleware in front of every route: the bearer token, then the body, read here in full but never past
+    `limits.max_body_bytes` (a Content-Length over it is refused before a byte is read) nor slower than
+    `limits.body_timeout_s` a chunk, then replayed to the app."""
+
+    def __init__(self, app, limits: ServiceLimits, token: Optional[str]):
+        self.app, self.limits = app, limits
+        self.token = None if token is None else token.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.token is not None and not _bearer_ok(headers.get(b"authorization", b""), self.token):
+            return await _json_error(401, "a bearer token is required (Authorization: Bearer <token>)",
+                                     {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        cap = self.limits.max_body_bytes
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                return await _json_error(400, "Content-Length is not a number")(scope, receive, send)
+            if int(length) > cap:
+                return await _json_error(413, f"the body has {int(length)} bytes, over max_body_bytes={cap} (set "
+                                              f"by max_queries and max_query_chars)")(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            try:
+                msg = await asyncio.wait_for(receive(), timeout=self.limits.body_timeout_s)
+            except asyncio.TimeoutError:
+                return await _json_error(408, f"the body did not arrive within body_timeout_s="
+                                              f"{self.limits.body_timeout_s}")(scope, receive, send)
+            if msg["type"] == "http.disconnect":
+                return
+            body = msg.get("body", b"")
+            size += len(body)
+            if size > cap:
+                return await _json_error(413, f"the body is over max_body_bytes={cap} (set by max_queries and "
+                                              f"max_query_chars)")(scope, receive, send)
+            chunks.append(body)
+            more = msg.get("more_body", False)
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replayed():
+            return replay.pop() if replay else await receive()
+
+        return await self.app(scope, replayed, send)
+
+
+def _bearer_ok(header: bytes, token: bytes) -> bool:
+    scheme, _, given = header.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), token)
+
+
+def create_app(retriever: Retriever, limits: ServiceLimits = ServiceLimits(), *, name: str = "",
+               exposure: Exposure = Exposure()) -> FastAPI:
     batcher = MicroBatcher(retriever, limits.max_batch)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        # a fresh queue and thread each time the app starts: the same app may be served again (tests do)
+        batcher.queue = asyncio.Queue()
+        batcher.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval")
         batcher.task = asyncio.create_task(batcher.run())
         yield
         batcher.task.cancel()
         batcher.executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="ragteam retrieval service", lifespan=lifespan)
+    docs = dict(docs_url="/docs", redoc_url="/redoc", openapi_url="/openapi.json") if exposure.docs else \
+        dict(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="ragteam retrieval service", lifespan=lifespan, **docs)
     app.state.batcher = batcher
+    app.add_middleware(_Guard, limits=limits, token=exposure.token)
+    if exposure.allowed_hosts is not None:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(exposure.allowed_hosts))  # outermost
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        return JSONResponse({"detail": _error_list(list(errors)), "errors": len(errors)}, status_code=422)
 
     def reject(errs):
-        return JSONResponse({"detail": errs}, status_code=422)
+        return JSONResponse({"detail": errs[:MAX_ERRORS]}, status_code=422)
+
+    async def run(queries: list[str], k: int, field_name: str):
+        """The hits, or the response that says why there are none."""
+        try:
+            return await batcher.search(queries, k), None
+        except QueryRejected as e:
+            return None, reject([{"loc": ["body", field_name], "type": "retriever_rejected", "limit": None,
+                                  "msg": f"the retriever could not take this request ({e}); the requests batched "
+                                         f"with it were served", "value": None}])
+        except Exception as e:  # noqa: BLE001 - the server's fault: say so without echoing anything
+            log.exception("retrieval failed")
+            return None, _json_error(500, f"retrieval failed ({type(e).__name__})")
 
     @app.post("/retrieve")
     async def retrieve(req: RetrieveRequest):
         k = limits.default_topk if req.topk is None else req.topk
         if errs := _limit_errors("queries", req.queries, "topk", k, limits):
             return reject(errs)
-        results = await batcher.search(req.queries, k)
+        results, failed = await run(req.queries, k, "queries")
+        if failed is not None:
+            return failed
         if req.return_scores:
-            body = [[{"document": _doc(h), "score": h.score} for h in hits] for hits in results]
+            body = [[{"document": _doc(h), "score": _finite(h.score)} for h in hits] for hits in results]
         else:
             body = [[_doc(h) for h in hits] for hits in results]
         return JSONResponse({"result": body})
@@ -162,19 +351,99 @@ def create_app(retriever: Retriever, limits: ServiceLimits = ServiceLimits(), *,
         k = limits.default_topk if req.N is None else req.N
         if errs := _limit_errors("questions", req.questions, "N", k, limits):
             return reject(errs)
-        results = await batcher.search(req.questions, k)
+        results, failed = await run(req.questions, k, "questions")
+        if failed is not None:
+            return failed
         return JSONResponse([{"top_k_docs": [h.contents for h in hits]} for hits in results])
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "retriever": name or type(retriever).__name__, "batches": batcher.batches,
-                "limits": limits.__dict__}
+                "isolated_batches": batcher.isolated,
+                "limits": {**asdict(limits), "max_body_bytes": limits.max_body_bytes}}
 
     return app
 
 
+def _finite(score: float) -> float | None:
+    """A score JSON can carry (a retriever's NaN would make the whole response a 500)."""
+    score = float(score)
+    return score if math.isfinite(score) else None
+
+
+# ---------------------------------------------------------------- serving
+
+
+def read_token(token_file: Path | None = None) -> Optional[str]:
+    """The bearer token: the first line of `token_file`, else $RAGTEAM_RETRIEVER_TOKEN, else None. A file that is
+    missing or empty is an error naming it (a typo must not leave the service open)."""
+    if token_file is not None:
+        try:
+            lines = Path(token_file).read_text().strip().splitlines()
+        except OSError as e:
+            raise ValueError(f"--token-file {token_file}: cannot read it ({e.strerror or e})") from None
+        token = lines[0].strip() if lines else ""
+        if len(token) < 16:
+            raise ValueError(f"--token-file {token_file}: the token must be at least 16 characters on its first "
+                             f"line (has {len(token)}); e.g. `python -c 'import secrets; "
+                             f"print(secrets.token_urlsafe(32))' > {token_file}`")
+        return token
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token and len(token) < 16:
+        raise ValueError(f"${TOKEN_ENV} must be at least 16 characters (has {len(token)})")
+    return token or None
+
+
+def exposure_for(host: str, token: Optional[str], allowed_hosts: list[str] | tuple[str, ...] = (),
+                 docs: bool = False) -> Exposure:
+    """What binding to `host` requires. Loopback: Host must be a loopback name (or one of `allowed_hosts`), a token
+    is optional (`serve` warns when there is none, since any local user can query). Any other address: a token (else ValueError, and the service does not start) and a
+    Host check, against `allowed_hosts` or, when none are given, the bound address and this machine's names."""
+    if is_loopback(host):  # Host still checked: a page on another site resolving to 127.0.0.1 (DNS rebinding)
+        return Exposure(token=token, allowed_hosts=tuple(allowed_hosts) or LOOPBACK_NAMES, docs=docs)
+    if token is None:
+        raise ValueError(f"--host {host} is not a loopback address: the service would be open to the network. "
+                         f"Give it a bearer token (--token-file FILE or ${TOKEN_ENV}, at least 16 characters) and "
+                         f"the same token to its clients, or bind 127.0.0.1")
+    if not allowed_hosts:
+        import socket
+
+        names = {socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1"}
+        if host not in ("0.0.0.0", "::"):
+            names.add(host)
+        allowed_hosts = sorted(n for n in names if n)
+    return Exposure(token=token, allowed_hosts=tuple(allowed_hosts), docs=docs)
+
+
+def _uvicorn_config(app: FastAPI, host: str, port: int, limits: ServiceLimits, log_level: str):
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class StallGuardedH11(H11Protocol):
+        """uvicorn's h11 protocol with a deadline for the first request's headers: a client that connects and
+        stalls (slowloris) is closed after `header_timeout_s`. Later requests on the connection fall under
+        uvicorn's own keep-alive timeout, bodies under the `_Guard` middleware's."""
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._stall_timer = self.loop.call_later(limits.header_timeout_s, self._close_if_stalled)
+
+        def _close_if_stalled(self):
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc):
+            self._stall_timer.cancel()
+            super().connection_lost(exc)
+
+    return uvicorn.Config(app, host=host, port=port, access_log=False, log_level=log_level, http=StallGuardedH11,
+                          limit_concurrency=limits.max_connections, timeout_keep_alive=5,
+                          h11_max_incomplete_event_size=64 * 1024)
+
+
 @contextlib.contextmanager
-def serve_in_thread(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):
+def serve_in_thread(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0,
+                    limits: ServiceLimits = ServiceLimits()):
     """Run `app` with uvicorn in a background thread (port 0: a free one); yields the base URL, stops on exit.
 
     For tests, benchmarks and workflows that want the HTTP path without a second process.
@@ -184,7 +453,7 @@ def serve_in_thread(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, tim
 
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, access_log=False, log_level="warning"))
+    server = uvicorn.Server(_uvicorn_config(app, host, port, limits, "warning"))
     thread = threading.Thread(target=server.run, name="retrieval-service", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -202,13 +471,18 @@ def serve_in_thread(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, tim
 
 
 def serve(retriever: Retriever, *, host: str = "127.0.0.1", port: int = 8000,
-          limits: ServiceLimits = ServiceLimits(), name: str = "") -> None:
-    """Run the service in this process until interrupted (loopback only unless `host` says otherwise)."""
-    import os
+          limits: ServiceLimits = ServiceLimits(), name: str = "", exposure: Exposure | None = None) -> None:
+    """Run the service in this process until interrupted. `exposure` defaults to what `host` requires
+    (`exposure_for`: beyond loopback, a token from $RAGTEAM_RETRIEVER_TOKEN or ValueError)."""
     import sys
 
     import uvicorn
 
+    exposure = exposure or exposure_for(host, read_token())
+    if not is_loopback(host) and exposure.token is None:
+        raise ValueError(f"--host {host} is not a loopback address and the service has no token")
+    if exposure.token is None:
+        log.warning("the retrieval service on %s has no token: any local process can query it", host)
     if "torch" in sys.modules:  # a dense retriever is loaded
         import torch
 
@@ -217,5 +491,5 @@ def serve(retriever: Retriever, *, host: str = "127.0.0.1", port: int = 8000,
             # encoder spin against each other (2.4x less throughput measured with 50 clients on 2 cores).
             torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
 
-    uvicorn.run(create_app(retriever, limits, name=name), host=host, port=port, access_log=False,
-                log_level="info")
+    uvicorn.Server(_uvicorn_config(create_app(retriever, limits, name=name, exposure=exposure), host, port, limits,
+                                   "info")).run()
