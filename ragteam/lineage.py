@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -239,18 +240,29 @@ def git_is_dirty(root: str | Path, path: str) -> bool:
     return bool(_git(root, "status", "--porcelain", "--", path))
 
 
-def git_show(root: str | Path, rev: str, path: str) -> str | None:
-    """A git-tracked file as commit `rev` holds it, or None where that commit has no such file. A commit missing
-    from the repository is an error: a study's experiment commits live under refs/exps, which a clone does not
-    fetch, unless `ragteam replicate keep` put them in the branch's history."""
-    got = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True)
-    if got.returncode == 0:
-        return got.stdout
-    if _git(root, "cat-file", "-e", f"{rev}^{{commit}}") is None:
+def commit_of(root: str | Path, rev: str) -> str:
+    """The full hash of commit `rev`, verified by git (`rev-parse --verify --end-of-options REV^{commit}`): a rev
+    read from a file (`--exp-json`) is never handed to git where it could be taken for an option (`--output=...`)."""
+    sha = _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
+    if sha and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", sha):
+        return sha
+    if re.fullmatch(r"[0-9a-fA-F]{4,64}", rev):
         raise LineageError(f"commit {rev[:7]} (a run of the study) is not in this repository: DVC keeps "
                            f"experiment commits under refs/exps, which a clone does not fetch; where the study "
                            f"ran, `ragteam replicate keep <its experiments>` puts them in the branch's history")
-    return None
+    raise LineageError(f"revision {rev!r}: not a commit of the repository at {root} (a run's rev is its commit "
+                       f"hash, as `dvc exp show --json` writes it)")
+
+
+def git_show(root: str | Path, rev: str, path: str) -> str | None:
+    """A git-tracked file as commit `rev` holds it, or None where that commit has no such file. A commit missing
+    from the repository is an error: a study's experiment commits live under refs/exps, which a clone does not
+    fetch, unless `ragteam replicate keep` put them in the branch's history. `rev` is resolved to a verified commit
+    hash first (`commit_of`), so nothing from it reaches git's option parser."""
+    sha = commit_of(root, rev)
+    got = subprocess.run(["git", "show", "--end-of-options", f"{sha}:{path}"], cwd=root, capture_output=True,
+                         text=True)
+    return got.stdout if got.returncode == 0 else None
 
 
 def json_at(root: str | Path, rev: str, path: str) -> Any:

@@ -14,7 +14,8 @@ extras=""
 [[ "${1:-}" == "--dev" ]] && extras="[dev]"
 stamp=".venv/.ragteam-installed${extras}"
 for s in "$stamp" ".venv/.ragteam-installed[dev]"; do   # a dev install also satisfies a plain one
-  if [[ -f "$s" && "$s" -nt pyproject.toml && "$s" -nt scripts/setup.sh && "$s" -nt requirements.lock ]]; then
+  if [[ -f "$s" && "$s" -nt pyproject.toml && "$s" -nt scripts/setup.sh && "$s" -nt requirements.lock \
+        && "$s" -nt requirements-build.txt ]]; then
     echo "setup: .venv is up to date"; exit 0
   fi
 done
@@ -40,20 +41,22 @@ start=$(date +%s)
 # two scripts' editable installs take turns on .setup.lock (flock; without flock, e.g. on macOS, they run as they come).
 source scripts/install_pinned.sh     # uv, else pip: the same pins and hashes
 locked() { if command -v flock >/dev/null 2>&1; then flock .setup.lock "$@"; else "$@"; fi; }
-.venv/bin/python -m pip install -q "pip==26.3"
+# pip and the build backend first, each file checked against its sha256 (requirements-build.txt); the editable
+# installs below build with --no-build-isolation, so pip fetches no unpinned build tools from an index
+.venv/bin/python -m pip install -q --no-deps --require-hashes -r requirements-build.txt
 torch_variant=${RAGTEAM_TORCH:-cpu}
 [[ "$torch_variant" == cpu || "$torch_variant" == cuda ]] || {
   echo "setup: RAGTEAM_TORCH must be cpu or cuda, not '$torch_variant'" >&2; exit 2; }
 if [[ "$torch_variant" == cpu && "$have" == 3.11 && "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
   echo "setup: installing requirements.lock (CPU torch, exact versions, hashes checked)"
   install_pinned .venv --require-hashes -r requirements.lock
-  locked .venv/bin/python -m pip install -q --no-deps -e .
+  locked .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 else
   echo "setup: WARNING: no lock for torch=$torch_variant, Python $have, $(uname -s)-$(uname -m): installing" \
        "pyproject.toml's ranges; versions may differ from the ones that produced dvc.lock" >&2
   # torch FIRST: any later resolver run then keeps this build instead of choosing one.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  locked .venv/bin/python -m pip install -q -e ".${extras}"
+  locked .venv/bin/python -m pip install -q --no-build-isolation -e ".${extras}"
   # pyserini only for its bundled Anserini fatjar: we drive Lucene through pyjnius, so none of its
   # 50+ runtime deps (openai, onnxruntime, fastmcp, CUDA torch...) are wanted.
   .venv/bin/python -m pip install -q --no-deps "pyserini==1.6.0"

@@ -20,7 +20,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv-worker
-PIP_VERSION=26.3
 
 choice=${RAGTEAM_WORKER:-auto}
 case "$choice" in
@@ -52,7 +51,8 @@ source scripts/install_pinned.sh     # uv, else pip: the same pins
 locked() { if command -v flock >/dev/null 2>&1; then flock .setup.lock "$@"; else "$@"; fi; }
 stamp="$VENV/.ragteam-worker-$choice"
 fresh=1
-for f in requirements-worker.txt requirements-worker-cuda.txt requirements-worker.in requirements-gpu.txt scripts/setup_worker.sh; do
+for f in requirements-worker.txt requirements-worker-cuda.txt requirements-worker.in requirements-gpu.txt \
+         requirements-build.txt scripts/setup_worker.sh; do
   [[ -f "$stamp" && "$stamp" -nt "$f" ]] || fresh=0
 done
 if (( fresh )); then
@@ -67,7 +67,7 @@ echo "setup-worker: building $VENV, $plan [$why]"
 start=$(date +%s)
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q "pip==$PIP_VERSION"
+"$VENV/bin/python" -m pip install -q --no-deps --require-hashes -r requirements-build.txt   # pip, by its sha256
 if [[ "$choice" == cuda ]]; then
   install_pinned "$VENV" --require-hashes -r requirements-worker-cuda.txt   # scripts/lock_worker_cuda.sh
 else

@@ -289,3 +289,39 @@ def test_every_stage_of_the_real_pipeline_records_the_environment_that_ran_it():
         else:
             assert env["env"] in ("main", "worker") and env["packages"].get("torch"), name
     assert not missing, f"stages whose committed records hold no environment: {missing}"
+
+
+def _small_repo(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    sh(["git", "init", "-q"], repo)
+    sh(["git", "config", "user.email", "t@example.com"], repo)
+    sh(["git", "config", "user.name", "t"], repo)
+    (repo / "metrics").mkdir()
+    (repo / "metrics/m.json").write_text('{"score": 1}\n')
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-q", "-m", "m"], repo)
+    return repo
+
+
+@pytest.mark.parametrize("crafted", ["--output={out}", "--output={out} ", "-o{out}"])
+def test_a_crafted_rev_from_exp_json_reaches_no_git_option_and_is_named(tmp_path, crafted):
+    """Issue 71, finding 5: a rev from `--exp-json` went into `git show REV:PATH`, where `--output=...` made git
+    write a file. Now a rev is a verified commit hash before git sees it; anything else is refused by name."""
+    repo = _small_repo(tmp_path)
+    out = tmp_path / "written"
+    rev = crafted.format(out=out)
+    with pytest.raises(lin.LineageError, match="revision '-.*not a commit") as err:
+        lin.json_at(repo, rev, "metrics/m.json")
+    assert rev in str(err.value)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("written")]      # git wrote nothing
+
+
+def test_a_commit_hash_still_reads_its_record_and_a_missing_one_says_so(tmp_path):
+    repo = _small_repo(tmp_path)
+    head = sh(["git", "rev-parse", "HEAD"], repo)
+    assert lin.json_at(repo, head, "metrics/m.json") == {"score": 1}
+    assert lin.json_at(repo, head[:10], "metrics/m.json") == {"score": 1}
+    assert lin.json_at(repo, head, "metrics/none.json") is None
+    with pytest.raises(lin.LineageError, match="commit 0123abc .*not in this repository"):
+        lin.json_at(repo, "0123abc" + "0" * 33, "metrics/m.json")

@@ -309,7 +309,8 @@ def test_vllm_backend_maps_parameters_to_sampling_params_and_llm_chat(monkeypatc
     eng = load_engine("models/answer", cfg)
     assert calls["llm"] == dict(model="models/answer", dtype="bfloat16", seed=3, trust_remote_code=False,
                                 tensor_parallel_size=2, gpu_memory_utilization=0.4, enable_prefix_caching=True,
-                                logprobs_mode="processed_logprobs", max_model_len=4096)
+                                logprobs_mode="processed_logprobs", max_model_len=4096,
+                                worker_extension_cls="ragteam.llm.vllm_backend.WorkerExtension")
     prompts = [[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]]
     out = eng.generate(prompts, SamplingConfig(max_new_tokens=24, temperature=0.7, top_p=0.9, n=2, stop=["\n"],
                                                seed=11))

@@ -1,3 +1,4 @@
+import hashlib
 import http.server
 import json
 import shutil
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ragteam.config import ParamsError, deep_merge, load_params, parse_section
-from ragteam.data.sources import download_resumable
+from ragteam.data.sources import download_resumable, fetch_corpus
 from ragteam.data.validate import ValidationFailed
 from ragteam.io import DataError, load_jsonl, sha256_file
 from stages.prepare_data import DataParams, run
@@ -235,3 +236,93 @@ def test_a_relative_mirror_is_found_from_a_dvc_experiments_temporary_copy(tmp_pa
         manifests.append(json.loads((tmp_path / f"out-{cwd.name}/manifest.json").read_text()))
     assert manifests[0] == manifests[1]
     assert all(k.startswith("../mirror/") for k in manifests[0]["inputs"])
+
+
+# ---- issue 71, finding 5: corpus downloads are checked against a sha256, and a 416 on resume is not "complete" ----
+
+class _Refuses416(http.server.BaseHTTPRequestHandler):
+    """Serves one payload; every Range request is answered 416 with the payload's true length (`bytes */N`), as a
+    server does when the range starts at or past the end of the file it has."""
+    payload = b""
+    ranges: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        rng = self.headers.get("Range")
+        type(self).ranges.append(rng)
+        if rng:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(self.payload)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.payload)))
+        self.end_headers()
+        self.wfile.write(self.payload)
+
+
+@pytest.fixture()
+def serve_416():
+    payload = b"".join(b'{"id": "%d", "contents": "passage %d"}\n' % (i, i) for i in range(2000))
+    handler = type("H", (_Refuses416,), {"payload": payload, "ranges": []})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/wiki.jsonl", payload, handler
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_416_on_resume_with_a_partial_file_is_not_taken_as_complete(tmp_path, serve_416):
+    url, payload, handler = serve_416
+    dest = tmp_path / "cache/wiki.jsonl"
+    dest.parent.mkdir()
+    (tmp_path / "cache/wiki.jsonl.part").write_bytes(payload[: len(payload) // 3])   # an interrupted download
+    download_resumable(url, dest)
+    assert dest.read_bytes() == payload                         # fetched again from the start, not the third
+    assert handler.ranges == [f"bytes={len(payload) // 3}-", None]
+    assert not (tmp_path / "cache/wiki.jsonl.part").exists()
+
+
+def test_a_416_for_a_part_of_the_full_length_is_complete_once_its_hash_checks(tmp_path, serve_416):
+    url, payload, handler = serve_416
+    dest = tmp_path / "cache/wiki.jsonl"
+    dest.parent.mkdir()
+    (tmp_path / "cache/wiki.jsonl.part").write_bytes(payload)      # interrupted after the last byte
+    download_resumable(url + "#sha256=" + hashlib.sha256(payload).hexdigest(), dest)
+    assert dest.read_bytes() == payload and handler.ranges == [f"bytes={len(payload)}-"]
+
+
+def test_a_corrupted_download_is_refused_naming_the_file_and_both_hashes(tmp_path, serve_416):
+    url, payload, _ = serve_416
+    dest = tmp_path / "cache/wiki.jsonl"
+    wrong = hashlib.sha256(b"another corpus").hexdigest()
+    with pytest.raises(DataError) as err:
+        download_resumable(url, dest, sha256=wrong)
+    msg = str(err.value)
+    assert str(dest) in msg and wrong in msg and hashlib.sha256(payload).hexdigest() in msg
+    assert not dest.exists() and not (tmp_path / "cache/wiki.jsonl.part").exists()    # nothing half-written stays
+    # the same through the URL's own pin and the corpus fetch of prepare_data
+    with pytest.raises(DataError, match=wrong):
+        fetch_corpus(f"{url}#sha256={wrong}", tmp_path / "cache")
+    assert not dest.exists()
+
+
+def test_without_an_expected_hash_the_computed_one_is_recorded_and_reported(tmp_path, serve_416, caplog):
+    url, payload, _ = serve_416
+    digest = hashlib.sha256(payload).hexdigest()
+    with caplog.at_level("WARNING", logger="ragteam.data.sources"):
+        files = fetch_corpus(url, tmp_path / "cache")
+    assert files == [tmp_path / "cache/wiki.jsonl"] and files[0].read_bytes() == payload
+    assert (tmp_path / "cache/wiki.jsonl.sha256").read_text().split() == [digest, "wiki.jsonl"]
+    assert "no expected sha256" in caplog.text and f"#sha256={digest}" in caplog.text
+    # a pin added later is checked against the file already downloaded
+    assert fetch_corpus(f"{url}#sha256={digest}", tmp_path / "cache") == files
+    (tmp_path / "cache/wiki.jsonl").write_bytes(payload[:-1] + b"X")
+    (tmp_path / "cache/wiki.jsonl.sha256").unlink()
+    with pytest.raises(DataError, match=f"wiki.jsonl .*has sha256 .*expected {digest}"):
+        fetch_corpus(f"{url}#sha256={digest}", tmp_path / "cache")

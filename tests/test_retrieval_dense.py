@@ -189,3 +189,45 @@ def test_batch_search_is_one_encoder_batch(encoder, shards, small_corpus):
     r = DenseRetriever(index, Corpus(small_corpus), Counting())
     res = r.batch_search(["Ed Wood", "Shirley Temple", "Animorphs", "Laleli Mosque", "Winner band"], 2)
     assert calls == [5] and [h[0].title for h in res[:2]] == ["Ed Wood", "Shirley Temple"]
+
+
+class _StubEncoder:
+    """An encoder without a model: vectors that tell which weights "made" them (their first byte)."""
+
+    def __init__(self, model_dir: Path):
+        self.model_path, self.convention, self.dim, self.encoded = str(model_dir), ST, 3, 0
+
+    def encode_passages(self, texts, progress=None):
+        self.encoded += len(texts)
+        tag = (Path(self.model_path) / "model.safetensors").read_bytes()[0]
+        return np.full((len(texts), self.dim), float(tag), dtype=np.float32)
+
+
+def test_a_changed_model_of_the_same_size_and_name_is_not_taken_for_the_old_one(small_corpus, tmp_path):
+    """Issue 71, finding 5: the shards' fingerprint named the weight files by name and size, so another encoder of
+    equal size (a retrained one) resumed onto the old model's embeddings. Now its sha256 is in the fingerprint."""
+    from ragteam.retrieval.dense import encoding_fingerprint
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, byte in ((a, b"\x01"), (b, b"\x02")):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(byte * 4096)
+    corpus = Corpus(small_corpus)
+    fa, fb = encoding_fingerprint(corpus, _StubEncoder(a)), encoding_fingerprint(corpus, _StubEncoder(b))
+    assert fa != fb
+    assert fa == encoding_fingerprint(corpus, _StubEncoder(a))          # the same weights: the same fingerprint
+
+    shard_dir, model = tmp_path / "shards", tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\x01" * 4096)
+    first = _StubEncoder(model)
+    paths, _ = encode_corpus(corpus, first, shard_dir, shard_size=5, show_progress=False)
+    assert first.encoded == 12 and load_shards(paths)[0, 0] == 1.0
+    # the model is replaced in place by one of the same name and size (as `dvc checkout` of a retrained encoder)
+    (model / "model.safetensors").write_bytes(b"\x02" * 4096)
+    resumed = _StubEncoder(model)
+    paths, encoded = encode_corpus(corpus, resumed, shard_dir, shard_size=5, show_progress=False)
+    assert (resumed.encoded, encoded) == (12, 12)                      # recomputed, not resumed onto stale shards
+    assert (load_shards(paths) == 2.0).all()
+    again = _StubEncoder(model)
+    assert encode_corpus(corpus, again, shard_dir, shard_size=5, show_progress=False)[1] == 0   # unchanged: reused

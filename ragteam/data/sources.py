@@ -7,7 +7,9 @@ question pool (rows tagged with metadata.source), plus the input files it read (
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import shutil
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -16,7 +18,9 @@ from pathlib import Path
 
 from ragteam.data import synthetic
 from ragteam.data.formats import iter_qa
-from ragteam.io import DataError, read_jsonl
+from ragteam.io import DataError, atomic_file, read_jsonl, sha256_file
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,42 +116,124 @@ def from_mirror(root: str | Path, benchmarks: list[str], train_from: list[str], 
                     inputs={"corpus": corpus_files, "benchmark": list(bench_files.values())})
 
 
-def download_resumable(url: str, dest: Path, chunk: int = 1 << 20, timeout: float = 60.0) -> Path:
-    """HTTP(S) download to `dest` that resumes from `dest.part` with a Range request after an interruption."""
+# Expected sha256 of known corpus downloads (URL without a fragment -> hex). A URL may also carry its own, as pip's
+# URLs do: `...wiki18_100w.zip#sha256=<hex>` (data.flashrag.corpus). Without either, the computed sha256 is logged
+# and recorded beside the file (`<file>.sha256`), to be pinned.
+KNOWN_SHA256: dict[str, str] = {}
+
+
+def _split_hash(url: str) -> tuple[str, str | None]:
+    """(the URL without its fragment, the sha256 the fragment names or None)."""
+    base, _, frag = url.partition("#")
+    if not frag:
+        return base, None
+    key, _, value = frag.partition("=")
+    if key != "sha256" or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise DataError(f"{url}: the only URL fragment understood is #sha256=<64 hex digits>")
+    return base, value.lower()
+
+
+def expected_sha256(url: str) -> str | None:
+    base, pinned = _split_hash(url)
+    return pinned or KNOWN_SHA256.get(base)
+
+
+def _range_total(content_range: str | None) -> int | None:
+    """The complete length from a Content-Range header (`bytes */N`, `bytes A-B/N`), None where it gives none."""
+    m = re.fullmatch(r"\s*bytes\s+(?:\*|\d+-\d+)/(\d+)\s*", content_range or "")
+    return int(m.group(1)) if m else None
+
+
+def _record_sha256(path: Path, digest: str) -> None:
+    with atomic_file(path.with_name(path.name + ".sha256")) as f:
+        f.write(f"{digest}  {path.name}\n")
+
+
+def _recorded_sha256(path: Path) -> str | None:
+    side = path.with_name(path.name + ".sha256")
+    try:
+        return side.read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def download_resumable(url: str, dest: Path, chunk: int = 1 << 20, timeout: float = 60.0,
+                       sha256: str | None = None) -> Path:
+    """HTTP(S) download to `dest` that resumes from `dest.part` with a Range request after an interruption.
+
+    The finished file is checked against `sha256` (else the URL's `#sha256=` or KNOWN_SHA256) before it becomes
+    `dest`: a mismatch removes the download and raises, naming the file and both hashes. Without an expected hash
+    the computed one is logged and recorded in `dest.sha256`. A 416 answer to the resume (the range starts at or
+    past the end) counts as complete only where the part's size is the total the server's Content-Range gives;
+    otherwise the part is discarded and the file fetched again from the start."""
     import httpx
     from tqdm import tqdm
 
+    url, pinned = _split_hash(url)
+    expected = (sha256 or pinned or KNOWN_SHA256.get(url) or "").lower() or None
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     headers = {"Range": f"bytes={have}-"} if have else {}
+    restart = False
     with httpx.stream("GET", url, headers=headers, follow_redirects=True, timeout=timeout) as r:
-        if r.status_code == 416:  # already complete
-            part.rename(dest)
-            return dest
-        if r.status_code not in (200, 206):
-            raise DataError(f"download {url}: HTTP {r.status_code}")
-        mode = "ab" if r.status_code == 206 else "wb"  # a server ignoring Range restarts from zero
-        total = int(r.headers.get("content-length", 0)) + (have if mode == "ab" else 0)
-        with part.open(mode) as f, tqdm(total=total or None, initial=have if mode == "ab" else 0, unit="B",
-                                         unit_scale=True, desc=dest.name) as bar:
-            for block in r.iter_bytes(chunk):
-                f.write(block)
-                bar.update(len(block))
+        if r.status_code == 416:
+            total = _range_total(r.headers.get("content-range"))
+            if total != have:   # not the whole file: a part of another version, or a server that says nothing
+                log.warning("download %s: the server refused the resume at byte %d (HTTP 416, total %s); "
+                            "%s is discarded and the file fetched again", url, have,
+                            "unknown" if total is None else total, part)
+                restart = True
+        else:
+            if r.status_code not in (200, 206):
+                raise DataError(f"download {url}: HTTP {r.status_code}")
+            if r.status_code == 206:
+                m = re.match(r"\s*bytes\s+(\d+)-", r.headers.get("content-range", ""))
+                if not m or int(m.group(1)) != have:
+                    raise DataError(f"download {url}: asked for bytes {have}- of {part}, the server sent "
+                                    f"{r.headers.get('content-range')!r}")
+            mode = "ab" if r.status_code == 206 else "wb"  # a server ignoring Range restarts from zero
+            total = int(r.headers.get("content-length", 0)) + (have if mode == "ab" else 0)
+            with part.open(mode) as f, tqdm(total=total or None, initial=have if mode == "ab" else 0, unit="B",
+                                             unit_scale=True, desc=dest.name) as bar:
+                for block in r.iter_bytes(chunk):
+                    f.write(block)
+                    bar.update(len(block))
+    if restart:
+        part.unlink(missing_ok=True)
+        return download_resumable(url, dest, chunk, timeout, sha256=expected)
+    actual = sha256_file(part)
+    if expected is not None and actual != expected:
+        part.unlink(missing_ok=True)
+        raise DataError(f"download {url}: {dest} has sha256 {actual}, expected {expected}; the download was removed "
+                        f"(rerun to fetch it again)")
     part.rename(dest)
+    _record_sha256(dest, actual)
+    if expected is None:
+        log.warning("download %s: no expected sha256 for it; %s has sha256 %s (recorded in %s.sha256): pin it by "
+                    "ending the URL with #sha256=%s", url, dest, actual, dest.name, actual)
     return dest
 
 
 def fetch_corpus(url_or_path: str, cache_dir: Path) -> list[Path]:
-    """Local path, or a URL downloaded (resumably) into cache_dir; a .zip is extracted. Returns jsonl files."""
+    """Local path, or a URL downloaded (resumably, checked against its sha256: `download_resumable`) into
+    cache_dir; a .zip is extracted. Returns jsonl files. A file downloaded before is checked once against an
+    expected sha256 that its recorded one (`<file>.sha256`) does not match."""
     if "://" not in url_or_path:
         path = Path(url_or_path)
         if not path.exists():
             raise DataError(f"flashrag corpus {path} does not exist")
     else:
-        path = cache_dir / Path(url_or_path.split("?")[0]).name
+        expected = expected_sha256(url_or_path)
+        path = cache_dir / Path(url_or_path.split("#")[0].split("?")[0]).name
         if not path.exists():
             download_resumable(url_or_path, path)
+        elif expected is not None and _recorded_sha256(path) != expected:
+            actual = sha256_file(path)
+            if actual != expected:
+                raise DataError(f"flashrag corpus {path} (from {url_or_path}) has sha256 {actual}, expected "
+                                f"{expected}: remove it to download it again")
+            _record_sha256(path, actual)
     if path.suffix == ".zip":
         out = cache_dir / (path.stem + "_unzipped")
         if not out.exists():

@@ -117,7 +117,7 @@ class RayEngines(AdapterSwitch):
             if cores is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
             for var in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_LOGGING_LEVEL",
-                        "VLLM_ALLOW_INSECURE_SERIALIZATION", "HF_HUB_OFFLINE"):
+                        "HF_HUB_OFFLINE"):
                 if var in os.environ:
                     env[var] = os.environ[var]
             self._actors.append(actor_cls.options(

@@ -28,6 +28,10 @@ _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRA
 _LORA_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
+# vLLM mixes this class into its worker class (`worker_extension_cls`), in the engine's own processes
+WORKER_EXTENSION = "ragteam.llm.vllm_backend.WorkerExtension"
+
+
 def llm_kwargs(model_path: str, cfg: EngineConfig) -> dict:
     """Keyword arguments for `vllm.LLM` (safetensors only, no remote code, per DESIGN.md)."""
     kw = dict(model=str(model_path), dtype=_DTYPES[cfg.dtype], seed=cfg.seed, trust_remote_code=False,
@@ -36,7 +40,10 @@ def llm_kwargs(model_path: str, cfg: EngineConfig) -> dict:
               enable_prefix_caching=cfg.vllm.enable_prefix_caching,
               # a Completion's logprobs are those of the distribution the token was drawn from (after temperature
               # and top-p), which the trainers' importance weights need; vLLM's default is the raw logits' softmax
-              logprobs_mode="processed_logprobs")
+              logprobs_mode="processed_logprobs",
+              # what load_weights runs in the engine's workers, called there by name: no pickled function, so
+              # VLLM_ALLOW_INSECURE_SERIALIZATION (pickle in vLLM's messages) stays off
+              worker_extension_cls=WORKER_EXTENSION)
     if cfg.vllm.max_model_len:
         kw["max_model_len"] = cfg.vllm.max_model_len
     if cfg.vllm.enforce_eager:
@@ -198,9 +205,6 @@ class VLLMEngine(AdapterSwitch):
         self.max_lora_rank = lora_rank_slot(max_lora_rank) if max_lora_rank else None
         if self.max_lora_rank:
             kw.update(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=1)
-        # load_weights sends a function to the engine's worker (_retie_output_embeddings); vLLM pickles functions
-        # between its own processes only when this is set
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         try:
             self.llm = vllm.LLM(**kw)
         except Exception as e:
@@ -245,7 +249,7 @@ class VLLMEngine(AdapterSwitch):
         d = check_weights_dir(weights_dir)
         self._engine_call(self.llm.collective_rpc, "reload_weights",
                           kwargs=dict(weights_path=str(d.resolve()), is_checkpoint_format=True))
-        self._engine_call(self.llm.collective_rpc, _retie_output_embeddings)
+        self._engine_call(self.llm.collective_rpc, "ragteam_retie_output_embeddings")
         if self.llm.reset_prefix_cache() is False:   # requests in flight: cached prefixes of the old weights stay
             raise RuntimeError(f"vLLM engine on {self.model_path}: its prefix cache could not be reset after loading "
                                f"{d}; its outputs would mix both checkpoints")
@@ -367,6 +371,16 @@ class VLLMPolicy:
         if self._base is not None and hasattr(self._base, "close"):
             self._base.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class WorkerExtension:
+    """Methods vLLM adds to its worker class (`LLM(worker_extension_cls=WORKER_EXTENSION)`), so that
+    `collective_rpc` calls them by name. A function handed to `collective_rpc` instead is pickled (cloudpickle) in
+    vLLM's messages, which vLLM allows only with VLLM_ALLOW_INSECURE_SERIALIZATION=1, for every message of the
+    process and its engine: whoever can write to the engine's sockets could then run code in it."""
+
+    def ragteam_retie_output_embeddings(self) -> None:
+        _retie_output_embeddings(self)
 
 
 def _retie_output_embeddings(worker) -> None:

@@ -145,11 +145,28 @@ def _shard_ok(path: Path, rows: int, dim: int) -> bool:
     return arr.shape == (rows, dim) and arr.dtype == np.float32
 
 
+_WEIGHTS_SHA256: dict[tuple, str] = {}
+
+
+def weights_sha256(path: str | Path) -> str:
+    """sha256 of a weight file, hashed once per version of the file in a process (an encoder's ~90 MB take ~0.3 s;
+    the corpus is hashed beside it anyway). The cache key is the file's identity and its stat: device, inode, size,
+    mtime and ctime; no tool can set a ctime back, so a rewritten or replaced file is always hashed again."""
+    path = Path(path)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _WEIGHTS_SHA256:
+        _WEIGHTS_SHA256[key] = sha256_file(path)
+    return _WEIGHTS_SHA256[key]
+
+
 def encoding_fingerprint(corpus: Corpus, encoder: Encoder) -> dict:
-    """What the shards depend on; a change invalidates every finished shard."""
+    """What the shards depend on; a change invalidates every finished shard. The model is its weight files'
+    names, sizes and sha256: another model of the same size and file name (a retrained or re-pulled encoder) gives
+    other embeddings, which the persisted shards (a `persist: true` DVC output) must not be mistaken for."""
     weights = sorted(Path(encoder.model_path).glob("*.safetensors"))
     return {"corpus_sha256": sha256_file(corpus.path), "n_docs": len(corpus),
-            "model": [(p.name, p.stat().st_size) for p in weights] or encoder.model_path,
+            "model": [(p.name, p.stat().st_size, weights_sha256(p)) for p in weights] or encoder.model_path,
             "convention": dataclasses.asdict(encoder.convention), "dim": encoder.dim}
 
 

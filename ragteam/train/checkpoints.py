@@ -9,8 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
+import struct
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,8 +81,90 @@ def checkpoint_steps(ckpt_dir: str | Path) -> list[int]:
     return sorted(steps)
 
 
+BROKEN_PREFIX = ".broken-"   # a checkpoint that does not load is moved aside to .broken-checkpoint-<step>
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | Path) -> None:
+    """Flush every file under `root`, then the directories (deepest first), to disk: a rename that publishes the
+    tree afterwards cannot outlive its contents in a crash (a renamed dir of empty or truncated files)."""
+    root = Path(root)
+    dirs = [root]
+    for p in sorted(root.rglob("*")):
+        if p.is_dir():
+            dirs.append(p)
+        elif p.is_file():
+            _fsync(p)
+    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        _fsync(d)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{path.name}: {size} bytes, shorter than a safetensors header"
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            return f"{path.name}: its header claims {n} bytes, the file has {size}"
+        try:
+            meta = json.loads(f.read(n))
+        except ValueError as e:
+            return f"{path.name}: unreadable safetensors header ({e})"
+    end = max((int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        return f"{path.name}: {size} bytes where its header describes {8 + n + end} (truncated or overwritten)"
+    return None
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    """A torch.save file (a zip archive since torch 1.6; HF's optimizer.pt, scheduler.pt, rng_state.pth too)."""
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if info.header_offset + info.compress_size > size:
+                    return f"{path.name}: member {info.filename} runs past the end of the file ({size} bytes)"
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        return f"{path.name}: not a complete torch.save archive ({size} bytes: {e})"
+    return None
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why checkpoint dir `path` would not load, or None. Checks what a crash or a full disk leaves behind, without
+    loading tensors: trainer_state.json parses, each safetensors file is as long as its header says, each torch
+    file (.pt/.pth/.bin) is a complete zip archive."""
+    path = Path(path)
+    try:
+        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        int(state["global_step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"trainer_state.json: {type(e).__name__}: {e}"
+    for p in sorted(path.iterdir()):
+        if not p.is_file():
+            continue
+        try:
+            why = (_safetensors_problem(p) if p.suffix == ".safetensors"
+                   else _torch_file_problem(p) if p.suffix in (".pt", ".pth", ".bin") else None)
+        except OSError as e:
+            why = f"{p.name}: {e}"
+        if why:
+            return why
+    return None
+
+
 def prepare_resume(ckpt_dir: str | Path, fp: str) -> str | None:
-    """Return the last complete checkpoint to resume from, or None; stale checkpoints (other fingerprint) are wiped."""
+    """Return the newest checkpoint that loads, or None; stale checkpoints (other fingerprint) are wiped. A newer
+    checkpoint that would not load (`checkpoint_problem`: truncated by a crash or a full disk) is logged and moved
+    aside to `.broken-checkpoint-<step>`, so the run resumes from the one before it and saves that step again."""
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     fp_file = ckpt_dir / "fingerprint.json"
@@ -89,19 +174,29 @@ def prepare_resume(ckpt_dir: str | Path, fp: str) -> str | None:
         if stale:
             log.warning("%s: %d checkpoint(s) from another run (params/data/model changed); starting over",
                         ckpt_dir, len(stale))
-        for p in stale:
+        for p in [*stale, *ckpt_dir.glob(BROKEN_PREFIX + "checkpoint-*")]:
             shutil.rmtree(p)
         write_json(fp_file, {"fingerprint": fp, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
         return None
-    steps = checkpoint_steps(ckpt_dir)
-    return str(ckpt_dir / f"checkpoint-{steps[-1]}") if steps else None
+    for step in reversed(checkpoint_steps(ckpt_dir)):
+        path = ckpt_dir / f"checkpoint-{step}"
+        why = checkpoint_problem(path)
+        if why is None:
+            return str(path)
+        aside = ckpt_dir / f"{BROKEN_PREFIX}checkpoint-{step}"
+        shutil.rmtree(aside, ignore_errors=True)
+        path.rename(aside)
+        log.warning("%s: checkpoint-%d does not load (%s); skipped, moved aside to %s; resuming from an earlier "
+                    "checkpoint", ckpt_dir, step, why, aside.name)
+    return None
 
 
 def save_train_state(ckpt_dir: str | Path, step: int, trainable: dict, opt, sched, history: list[dict],
                      keep: int, device=None) -> None:
     """A checkpoint of a hand-written trainer (shared-prefix GRPO, the joint loop): trainable tensors, optimiser,
     scheduler and RNG states in `checkpoint-<step>/state.pt`, the log history in `trainer_state.json` (written last:
-    the completeness marker). Written to a temp dir and renamed; only the last `keep` checkpoints stay."""
+    the completeness marker). Written to a temp dir, fsynced, renamed (the directory fsynced too); only the last
+    `keep` checkpoints stay."""
     import random
 
     import torch
@@ -114,8 +209,10 @@ def save_train_state(ckpt_dir: str | Path, step: int, trainable: dict, opt, sche
     torch.save({"trainable": trainable, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), **cuda}, tmp / "state.pt")
     write_json(tmp / "trainer_state.json", {"global_step": step, "log_history": history})
+    fsync_tree(tmp)                 # the contents reach the disk before the rename publishes them
     shutil.rmtree(d, ignore_errors=True)
     tmp.rename(d)
+    _fsync(ckpt_dir)                # and the rename itself
     for old in checkpoint_steps(ckpt_dir)[:-keep]:
         shutil.rmtree(ckpt_dir / f"checkpoint-{old}", ignore_errors=True)
 
