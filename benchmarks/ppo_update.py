@@ -1,4 +1,4 @@
-"""The joint trainer's update (steps 4-6 of `ragteam.train.ppo`) with and without `reuse_frozen_layers`, side by side.
+"""The joint trainer's update (steps 4-6 of `ragteam.train.joint.loop`) with and without `reuse_frozen_layers`, side by side.
 
 The samples are a system's oracle traces (`data/warmup/<system>/traces.jsonl`, the prompts the rollouts send, byte
 for byte): the calls of the first `--questions` questions, one rollout batch, with rewards ±1 drawn from a fixed
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def load_samples(tok, traces: Path, questions: int, seed: int = 0):
     """One Sample per trace row of the first `questions` question ids, episodes numbered by question."""
     from ragteam.records import AgentCall
-    from ragteam.train.ppo import Sample, tokenize_call
+    from ragteam.train.joint.batch import Sample, tokenize_call
 
     if not traces.is_file():
         sys.exit(f"{traces}: no oracle traces; run `dvc repro oracle_traces@<system>` first")
@@ -70,7 +70,8 @@ def run_update(system, model: str, samples_fn, p):
 
     import torch
 
-    from ragteam.train.ppo import _build_actor_critic, _update, make_optimizer, start_logp
+    from ragteam.train.joint.actor_critic import _build_actor_critic, make_optimizer, start_logp
+    from ragteam.train.joint.update import _update
 
     torch.manual_seed(p.seed)
     ac = _build_actor_critic(model, p, "cpu", torch.float32, with_critic=system.critic)
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     import yaml
     from transformers import AutoTokenizer
 
-    from ragteam.train.ppo import PPOParams
+    from ragteam.train.joint.params import PPOParams
     from ragteam.train.systems import mask_system, jade_system
 
     torch.set_num_threads(a.threads)

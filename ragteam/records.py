@@ -7,7 +7,7 @@ Token ids (`AgentCall.prompt_ids`, `response_ids`, `logprobs`) are recorded for 
 `keep_token_ids`: the joint trainer's rollouts) and kept in memory only: trainers read them from the Episodes a
 rollout just produced, and the written form (`model_dump`, `write_episodes`, evaluation's JSONL) leaves them out,
 since the prompt ids alone would multiply the files' size (the text they encode is there). A call read back from a
-file has none; a trainer re-tokenises such a call's text (`ragteam.train.ppo.tokenize_call`).
+file has none; a trainer re-tokenises such a call's text (`ragteam.train.joint.batch.tokenize_call`).
 """
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ from ragteam.data.formats import load_qa
 from ragteam.io import DataError
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import collapsed
-from ragteam.train.ppo import PPOParams, train_joint_ppo
+from ragteam.train.joint.params import PPOParams
+from ragteam.train.joint.loop import train_joint_ppo
 from ragteam.train.probe import ProbeParams, probe_questions, probe_schedule, probe_summary, team_reward_probe
 from ragteam.train.qagent import QAgentTrainParams
 from ragteam.train.systems import JadeTrainParams, MaskTrainParams

@@ -11,7 +11,7 @@ def test_the_samples_are_the_first_questions_trace_rows_tokenised_as_the_trainer
     from transformers import AutoTokenizer
 
     from ragteam.records import AgentCall
-    from ragteam.train.ppo import tokenize_call
+    from ragteam.train.joint.batch import tokenize_call
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     msgs = [{"role": "user", "content": "Which film came out first?"}]

@@ -147,7 +147,7 @@ def _call(**kw):
 
 def test_samples_carry_the_engines_log_probs_only_for_the_engines_own_ids():
     from ragteam.records import Episode
-    from ragteam.train.ppo import episode_samples
+    from ragteam.train.joint.batch import episode_samples
 
     tok = None       # every call carries the engine's ids: nothing is re-tokenised
     ep = Episode(question_id="q1", question="q", golden_answers=["a"], system="s")
@@ -159,7 +159,7 @@ def test_samples_carry_the_engines_log_probs_only_for_the_engines_own_ids():
 
 
 def test_engine_mismatch_is_the_mean_and_max_gap_over_loss_tokens():
-    from ragteam.train.ppo import Sample, engine_mismatch
+    from ragteam.train.joint.batch import Sample, engine_mismatch
 
     a = Sample(0, 0, "r", [1], [5, 6], 0.0, engine_logp=[-1.0, -2.0])
     a.old_logp = torch.tensor([-1.1, -2.0])

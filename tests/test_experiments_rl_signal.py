@@ -9,7 +9,7 @@ import yaml
 
 from ragteam.config import parse_section
 from ragteam.eval.evaluate import EvalConfig, comparison_pairs, rows_without_their_stage
-from ragteam.train.ppo import PPOParams
+from ragteam.train.joint.params import PPOParams
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("params_edit", REPO / "experiments" / "rl_signal" / "params_edit.py")

@@ -36,7 +36,7 @@ def test_precision_tag_marks_cpu_bf16_alone_so_every_other_fingerprint_stays_as_
 
 
 def test_the_joint_trainer_computes_bf16_on_the_cpu_only_when_asked_and_cuda_as_before():
-    from ragteam.train.ppo import compute_dtype
+    from ragteam.train.joint.actor_critic import compute_dtype
 
     assert compute_dtype("bfloat16", "cpu") == torch.bfloat16
     assert compute_dtype("float32", "cpu") == compute_dtype("auto", "cpu") == torch.float32
@@ -93,7 +93,10 @@ def test_sft_trains_under_bf16_autocast_on_the_cpu_with_fp32_weights(tiny_llama,
 def test_a_ppo_update_runs_in_bf16_on_the_cpu_over_fp32_adapters(tiny_llama):
     from types import SimpleNamespace
 
-    from ragteam.train.ppo import PPOParams, Sample, _build_actor_critic, _update, make_optimizer, start_logp
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.batch import Sample
+    from ragteam.train.joint.actor_critic import _build_actor_critic, make_optimizer, start_logp
+    from ragteam.train.joint.update import _update
     from ragteam.train.systems import mask_system
 
     from tests.test_train_ppo import PPO

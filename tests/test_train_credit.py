@@ -54,7 +54,8 @@ def test_mask_answer_of_turn1_earns_more_when_its_own_answer_is_right(profile, s
     right 1, wrong 0; whitening over the batch keeps the order."""
     from transformers import AutoTokenizer
 
-    from ragteam.train.ppo import assign_advantages, episode_samples
+    from ragteam.train.joint.update import assign_advantages
+    from ragteam.train.joint.batch import episode_samples
     from ragteam.train.systems import mask_system
     from stages.train_joint import load_joint
 
@@ -87,7 +88,7 @@ def test_mask_answer_of_turn1_earns_more_when_its_own_answer_is_right(profile, s
 
 def test_gae_scope_is_the_systems_not_a_param():
     from ragteam.config import ParamsError
-    from ragteam.train.ppo import JointSystem
+    from ragteam.train.joint.system import JointSystem
     from ragteam.train.systems import jade_system, mask_system
     from stages.train_joint import load_joint
 
@@ -104,7 +105,7 @@ def test_gae_scope_is_the_systems_not_a_param():
 # ---- the critic does not move the policy -------------------------------------------------------------------------
 
 def _samples(tok, advantages=(1.0, -1.0), ret=8.0):
-    from ragteam.train.ppo import Sample
+    from ragteam.train.joint.batch import Sample
 
     msgs = [{"role": "user", "content": "Name a colour."}]
     prompt = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
@@ -119,7 +120,7 @@ def _samples(tok, advantages=(1.0, -1.0), ret=8.0):
 
 
 def _old_pass(ac, samples, tok):
-    from ragteam.train.ppo import _collate
+    from ragteam.train.joint.batch import _collate
 
     with torch.no_grad():
         lp, v = ac(*_collate(samples, tok.eos_token_id, "cpu")[:4])
@@ -129,7 +130,9 @@ def _old_pass(ac, samples, tok):
 
 
 def _critic_update(tiny_llama, tok, **kw):
-    from ragteam.train.ppo import PPOParams, _build_actor_critic, actor_critic_params, make_optimizer, ppo_update
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.actor_critic import _build_actor_critic, actor_critic_params, make_optimizer
+    from ragteam.train.joint.update import ppo_update
 
     p = PPOParams(steps=1, questions_per_step=1, minibatch_size=2, micro_batch_size=2, actor_lr=1e-3, critic_lr=1e-3,
                   max_grad_norm=0.05, lora={"enabled": True, "rank": 4, "alpha": 8}, **kw)
@@ -171,7 +174,8 @@ def test_paper_profile_step_moves_the_weights_under_bf16(tiny_llama):
     rounds to nothing."""
     from transformers import AutoTokenizer
 
-    from ragteam.train.ppo import _build_actor_critic, actor_critic_params, make_optimizer, ppo_update
+    from ragteam.train.joint.actor_critic import _build_actor_critic, actor_critic_params, make_optimizer
+    from ragteam.train.joint.update import ppo_update
     from stages.train_joint import load_joint
 
     pp, _, _ = load_joint(_profiles()["paper"], "mask")
@@ -221,7 +225,8 @@ def _mask(**overrides):
 
 def _train(tmp_path, tiny_llama, system, on_step=None, **p):
     from ragteam.llm import EngineConfig, SamplingConfig
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
 
     return train_joint_ppo(system, ROWS, str(tiny_llama), tmp_path / "ckpt", PPOParams(**{**PPO, **p}),
                            EngineConfig(device="cpu", threads=1, batch_size=4),
@@ -233,7 +238,8 @@ def _state(tmp_path, step):
 
 
 def test_nan_gradients_skip_the_step_and_two_in_a_row_stop_the_joint_run(tmp_path, tiny_llama, monkeypatch):
-    import ragteam.train.ppo as ppo
+    import ragteam.train.joint.loop as ppo
+    from ragteam.train.checkpoints import TrainingDiverged
 
     poison = {"on": False}
     build = ppo._build_actor_critic
@@ -254,7 +260,7 @@ def test_nan_gradients_skip_the_step_and_two_in_a_row_stop_the_joint_run(tmp_pat
         poison["on"] = calls["n"] >= 2
         return base.annotate(eps)
 
-    with pytest.raises(ppo.TrainingDiverged,
+    with pytest.raises(TrainingDiverged,
                        match=r"non-finite gradients in 2 optimiser steps in a row \(up to step 3.*checkpoint-2"):
         _train(tmp_path, tiny_llama, replace(base, annotate=annotate), max_nonfinite_grad_steps=2)
     assert not (tmp_path / "ckpt" / "checkpoint-3").exists()

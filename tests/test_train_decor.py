@@ -129,7 +129,8 @@ def test_decor_system_rolls_out_g_per_question_and_filters_on_role_returns():
 
 def test_system_requirements_are_checked_against_the_params(tmp_path):
     from ragteam.config import ParamsError
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
     from ragteam.train.systems import decor_system
 
     system = decor_system(decor_params(), KeywordRetriever(PASSAGES))
@@ -174,7 +175,8 @@ PPO = {"steps": 1, "questions_per_step": 2, "minibatch_size": 8, "micro_batch_si
 
 
 def _train(tmp_path, model_dir, system, **ppo):
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
 
     p = PPOParams(**{**PPO, **ppo})
     sampling = {"default": SamplingConfig(max_new_tokens=4)}
@@ -186,7 +188,7 @@ def test_one_decor_step_end_to_end_to_a_checkpoint(tmp_path, tiny_llama, monkeyp
     """Scripted rollouts (well-formed, one group all right, one half right), the real trainer on the tiny policy:
     only the half-right group trains, every call with its Eq. 6 advantage, two optimiser steps (the second one
     off-policy, so the sequence ratio moves), a checkpoint."""
-    import ragteam.train.ppo as ppo_mod
+    import ragteam.train.joint.update as ppo_mod
     from ragteam.train.decor_adv import decor_advantages
     from ragteam.train.systems import decor_system
 
@@ -280,7 +282,8 @@ def test_frozen_role_generates_with_the_adapter_off(tiny_llama):
     adapter is switched off for its calls only."""
     from ragteam.llm import load_engine
     from ragteam.llm.policy import Rollouts, policy_engine
-    from ragteam.train.ppo import PPOParams, _build_actor_critic
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.actor_critic import _build_actor_critic
 
     p = PPOParams(**PPO)
     ac = _build_actor_critic(str(tiny_llama), p, "cpu", torch.float32, with_critic=False)
@@ -311,7 +314,7 @@ def _fake_system(signal: dict[str, bool], max_rounds: int, log: list):
     """A select system without a model: each question's G = 2 trajectories get Answerer returns that differ
     (signal True) or are equal; `log` records every rollout's question ids."""
     from ragteam.train.decor_adv import dynamic_sampling
-    from ragteam.train.ppo import JointSystem
+    from ragteam.train.joint.system import JointSystem
 
     def rollout(rows, _team):
         log.append([r["id"] for r in rows])
@@ -331,7 +334,7 @@ def _fake_system(signal: dict[str, bool], max_rounds: int, log: list):
 
 
 def test_refill_rolls_out_further_questions_until_the_step_is_full_or_the_cap():
-    from ragteam.train.ppo import _refill_order, _select_with_refill
+    from ragteam.train.joint.batch import _refill_order, _select_with_refill
 
     rows = [{"id": f"q{i}", "question": f"Q{i}?", "golden_answers": ["a"]} for i in range(8)]
     signal = {f"q{i}": i % 3 != 0 for i in range(8)}           # q0, q3, q6 carry no signal
@@ -389,7 +392,7 @@ def test_refill_rolls_out_further_questions_until_the_step_is_full_or_the_cap():
 def test_the_loop_refills_a_step_whose_group_carries_no_signal(tmp_path, tiny_llama, monkeypatch):
     """The Gamma group (every trajectory right, every role reward equal) is dropped; the step rolls out the third
     question (Blue Moon, half right) and trains on two groups."""
-    from ragteam.train.ppo import _questions
+    from ragteam.train.joint.batch import _questions
     from ragteam.train.systems import decor_system
 
     rows = ROWS + [{"id": "moon", "question": "Who wrote Blue Moon?", "golden_answers": ["Ray Mond"]}]
@@ -400,7 +403,8 @@ def test_the_loop_refills_a_step_whose_group_carries_no_signal(tmp_path, tiny_ll
     assert base.max_rollout_rounds == 2
     team, engine = scripted_team()
     system = replace(base, rollout=lambda rs, _policy_team: base.rollout(rs, team))
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
 
     p = PPOParams(**{**PPO, "seed": seed, "minibatch_size": 64, "micro_batch_size": 8})
     res = train_joint_ppo(system, rows, str(tiny_llama), tmp_path / "ckpt", p,
@@ -418,7 +422,7 @@ def test_a_trajectory_without_a_filter_call_trains_and_eq6_skips_it_for_the_filt
     """Issue 23 §3: in the Red Sky group, trajectory 2's Planner stops at once (no search, no Filter call). Its
     Planner and Answerer calls train with their Eq. 6 advantages over all four trajectories; the Filter's advantages
     are normalised over the three trajectories that have a Filter call."""
-    import ragteam.train.ppo as ppo_mod
+    import ragteam.train.joint.update as ppo_mod
     from ragteam.train.decor_adv import role_group_normalize, role_returns
     from ragteam.train.systems import decor_system
 

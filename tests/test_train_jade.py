@@ -67,7 +67,7 @@ def test_format_penalties_land_on_the_malformed_calls():
 
 
 def _samples(episodes, tok):
-    from ragteam.train.ppo import episode_samples
+    from ragteam.train.joint.batch import episode_samples
 
     samples = episode_samples(tok, episodes)
     for s in samples:
@@ -83,7 +83,8 @@ def _per_call(samples, episode):
 def test_gae_over_the_flattened_calls_gives_the_round1_planner_the_terminal_reward(smollm2_dir):
     from transformers import AutoTokenizer
 
-    from ragteam.train.ppo import PPOParams, assign_advantages
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.update import assign_advantages
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     p = PPOParams(steps=1, questions_per_step=2, minibatch_size=8, actor_lr=1e-3, critic_lr=1e-3, gamma=1.0,
@@ -118,7 +119,8 @@ def test_gae_over_the_flattened_calls_gives_the_round1_planner_the_terminal_rewa
 
 def test_one_jade_ppo_step_from_rollouts_to_a_checkpoint(tiny_llama, tmp_path):
     from ragteam.llm import EngineConfig, SamplingConfig
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
 
     params = {"jade": {"top_k": 2, "passage_words": 8, "reward": {"format_penalty": 1.0}}}
     system = build_system("jade", params, KeywordRetriever(PASSAGES))
@@ -215,7 +217,8 @@ def test_group_estimator_params_are_checked():
 
 def test_one_group_step_logs_the_spread_in_groups_and_the_advantage_magnitude(tiny_llama, tmp_path):
     from ragteam.llm import EngineConfig, SamplingConfig
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
 
     params = {"jade": {"top_k": 2, "passage_words": 8, "reward": {"format_penalty": 1.0}},
               "joint": {"jade": {"estimator": "group", "group_size": 3}}}

@@ -84,7 +84,8 @@ def test_every_group_estimator_uses_the_one_normalisation_with_its_papers_conven
     from ragteam.agents.decor import POLICY_ROLES
     from ragteam.records import AgentCall, Episode
     from ragteam.train.decor_adv import EPS, decor_advantages
-    from ragteam.train.ppo import Sample, group_advantages
+    from ragteam.train.joint.batch import Sample
+    from ragteam.train.joint.update import group_advantages
 
     calls = []
     real = A.group_normalized
@@ -194,7 +195,10 @@ PPO = {"steps": 2, "questions_per_step": 1, "minibatch_size": 8, "micro_batch_si
 def test_one_ppo_update_on_smollm2_follows_the_advantages(smollm2_dir):
     from transformers import AutoTokenizer
 
-    from ragteam.train.ppo import PPOParams, Sample, _build_actor_critic, _collate, ppo_update
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.batch import Sample, _collate
+    from ragteam.train.joint.actor_critic import _build_actor_critic
+    from ragteam.train.joint.update import ppo_update
 
     torch.manual_seed(0)
     p = PPOParams(**{**PPO, "actor_lr": 5e-3, "vf_coef": 0.0})
@@ -257,7 +261,8 @@ ROWS = [{"id": "q1", "question": "What is the capital of Xland?", "golden_answer
 
 def _train(tmp_path, smollm2_dir, system, on_step=None):
     from ragteam.llm import EngineConfig, SamplingConfig
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
 
     p = PPOParams(**PPO)
     sampling = {"default": SamplingConfig(max_new_tokens=6)}
@@ -266,7 +271,7 @@ def _train(tmp_path, smollm2_dir, system, on_step=None):
 
 
 def test_nan_loss_stops_keeping_the_last_good_checkpoint_and_a_rerun_resumes(tmp_path, smollm2_dir):
-    from ragteam.train.ppo import TrainingDiverged
+    from ragteam.train.checkpoints import TrainingDiverged
 
     # a NaN reward at step 2 makes the loss non-finite: training stops, checkpoint-1 stays (like a killed run)
     with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 2.*checkpoint-1"):
@@ -303,7 +308,8 @@ def test_rollout_calls_of_one_step_draw_fresh_samples_and_a_rebuilt_step_reprodu
 
     from ragteam.llm import EngineConfig, SamplingConfig
     from ragteam.llm.policy import Rollouts, policy_engine
-    from ragteam.train.ppo import PPOParams, _build_actor_critic
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.actor_critic import _build_actor_critic
 
     p = PPOParams(**{**PPO, "lora": {"enabled": False}})
     tok = AutoTokenizer.from_pretrained(tiny_llama)
@@ -358,7 +364,7 @@ def test_a_call_is_scored_on_its_sampled_ids_not_a_retokenisation_of_its_text(sm
     from ragteam.agents.core import llm_step, new_episode
     from ragteam.llm import Completion, Team
     from ragteam.records import Episode, reproducible
-    from ragteam.train.ppo import _collate, episode_samples, tokenize_call
+    from ragteam.train.joint.batch import _collate, episode_samples, tokenize_call
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     sampled, text = _merged_split(tok)
@@ -394,7 +400,9 @@ def test_a_call_is_scored_on_its_sampled_ids_not_a_retokenisation_of_its_text(sm
 def _actor_critic_and_samples(tiny_llama, **over):
     """A LoRA policy on the top layer of the 2-layer tiny Llama, its adapters moved off zero (so that the start
     model differs from it), and 6 samples of different lengths in 3 episodes."""
-    from ragteam.train.ppo import PPOParams, Sample, _build_actor_critic
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.batch import Sample
+    from ragteam.train.joint.actor_critic import _build_actor_critic
 
     p = PPOParams(**{**PPO, "lora": {"enabled": True, "rank": 4, "alpha": 8, "top_layers": 1}, **over})
     torch.manual_seed(0)
@@ -420,7 +428,8 @@ def test_the_frozen_layers_run_once_a_step_and_the_update_is_the_same(tiny_llama
     of once in every pass, and the update (weights, losses, kl_start, grad norms) is the same."""
     from types import SimpleNamespace
 
-    from ragteam.train.ppo import _parts, _update, make_optimizer, start_logp
+    from ragteam.train.joint.actor_critic import _parts, make_optimizer, start_logp
+    from ragteam.train.joint.update import _update
     from ragteam.train.systems import mask_system
 
     system = mask_system({"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8, "format_penalty": 1.0}}, None)
@@ -450,7 +459,7 @@ def test_the_frozen_layers_run_once_a_step_and_the_update_is_the_same(tiny_llama
 
 def test_the_frozen_layers_are_not_reused_where_they_do_not_exist_or_the_split_changes_the_forward(
         tiny_llama, monkeypatch):
-    from ragteam.train import ppo
+    from ragteam.train.joint import actor_critic as ppo
 
     for over, why in [({"reuse_frozen_layers": False}, "is off"),
                       ({"lora": {"enabled": False}}, "every layer trains"),

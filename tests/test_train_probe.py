@@ -84,7 +84,8 @@ def _retriever():
 
 def _train(path, model, probe=None, steps=()):
     from ragteam.llm import EngineConfig, SamplingConfig
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
     from ragteam.train.systems import mask_system
 
     return train_joint_ppo(mask_system(PARAMS, _retriever()), TRAIN, str(model), path, PPOParams(**PPO),
@@ -137,7 +138,7 @@ def test_the_probe_changes_no_weight_and_logs_the_start_models_own_team_reward(t
 def test_qagent_probes_at_the_global_steps_whichever_stage_they_fall_in(tmp_path, monkeypatch):
     import ragteam.train.qagent as Q
     from ragteam.train.checkpoints import TrainResult
-    from ragteam.train.ppo import PPOParams
+    from ragteam.train.joint.params import PPOParams
 
     calls = []
 

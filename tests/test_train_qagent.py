@@ -139,7 +139,9 @@ def test_a_step_without_a_spread_refills_to_a_group_with_one(tiny, tmp_path):
     from dataclasses import replace
 
     from ragteam.llm import EngineConfig
-    from ragteam.train.ppo import PPOParams, _questions, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.batch import _questions
+    from ragteam.train.joint.loop import train_joint_ppo
 
     path, _ = tiny
     p = PPOParams(steps=1, questions_per_step=1, minibatch_size=2, micro_batch_size=2, actor_lr=0.05, critic_lr=1e-3,
@@ -179,7 +181,8 @@ def test_a_trajectory_cut_at_max_seq_len_never_trains_but_stays_in_its_group(tin
     trains), it is counted, and it keeps its reward in the group's statistics (DAPO's overlong masking), so its
     group-mate's advantage is what the whole group gives."""
     from ragteam.rewards.qagent import qagent_rewards_stage1
-    from ragteam.train.ppo import group_advantages, loss_tokens
+    from ragteam.train.joint.update import group_advantages
+    from ragteam.train.joint.batch import loss_tokens
     from ragteam.train.qagent import rollout_groups, trajectory_samples, truncated
 
     _, tok = tiny
@@ -217,7 +220,8 @@ def test_a_trajectory_cut_at_max_seq_len_never_trains_but_stays_in_its_group(tin
 
 
 def _actor(path):
-    from ragteam.train.ppo import PPOParams, _build_actor_critic
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.actor_critic import _build_actor_critic
 
     p = PPOParams(steps=1, questions_per_step=2, minibatch_size=4, micro_batch_size=4, actor_lr=1e-3,
                   critic_lr=1e-3, kl_coef=0.01, loss_agg="group_token_mean", lora={"enabled": False})
@@ -229,9 +233,10 @@ def _update_grads(ac, samples, p, tok, perturb=None, monkeypatch=None):
     """Gradients of one ppo_update (lr 0: weights unchanged), optionally adding noise to the logits of the response
     positions where `perturb(mask)` is 1 in every forward pass of the update (the mask of the batch being run:
     ppo_update shuffles the samples, so it is read from the update's own `_collate`)."""
-    import ragteam.train.ppo as P
+    import ragteam.train.joint.update as P
+    from ragteam.train.joint.actor_critic import _parts
 
-    head = P._parts(ac.policy)[1]
+    head = _parts(ac.policy)[1]
     handle, last = None, {}
     if perturb is not None:
         real = P._collate
@@ -260,7 +265,8 @@ def _update_grads(ac, samples, p, tok, perturb=None, monkeypatch=None):
 
 
 def test_mask_reaches_the_core_and_eq3_loss_by_hand(tiny, monkeypatch):
-    from ragteam.train.ppo import _collate, group_advantages
+    from ragteam.train.joint.batch import _collate
+    from ragteam.train.joint.update import group_advantages
 
     path, tok = tiny
     p, ac = _actor(path)
@@ -302,7 +308,7 @@ def test_mask_reaches_the_core_and_eq3_loss_by_hand(tiny, monkeypatch):
 
 
 def test_group_loss_needs_a_group_system_and_whole_groups_per_minibatch():
-    from ragteam.train.ppo import PPOParams
+    from ragteam.train.joint.params import PPOParams
     from ragteam.train.qagent import QAgentTrainParams, stage_ppo
 
     p = PPOParams(steps=1, questions_per_step=2, minibatch_size=7, actor_lr=1e-3, critic_lr=1e-3,
@@ -317,7 +323,7 @@ def test_group_loss_needs_a_group_system_and_whole_groups_per_minibatch():
 
 
 def test_warmup_schedule():
-    from ragteam.train.ppo import _schedule
+    from ragteam.train.joint.actor_critic import _schedule
 
     f = _schedule("linear", 6, warmup=2)
     assert [f(s) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
@@ -345,7 +351,7 @@ def test_stage2_starts_from_stage1_weights(tiny, tmp_path, monkeypatch):
 
     import ragteam.train.qagent as Q
     from ragteam.llm import EngineConfig
-    from ragteam.train.ppo import PPOParams
+    from ragteam.train.joint.params import PPOParams
 
     path, tok = tiny
     tp = Q.QAgentTrainParams(group_size=2, stage1_steps=1, stage2_steps=1, max_seq_len=1024)
@@ -392,7 +398,8 @@ def test_cut_trajectories_are_logged_and_a_step_of_only_cut_ones_makes_no_update
 
     import ragteam.train.qagent as Q
     from ragteam.llm import EngineConfig
-    from ragteam.train.ppo import PPOParams, train_joint_ppo
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.loop import train_joint_ppo
 
     path, tok = tiny
     prompt = max(len(s.prompt_ids) for s in _samples(tok)[1])

@@ -55,7 +55,7 @@ class DynamicSamplingConfig(Strict):
     """DAPO-style dynamic sampling (Sec. 4.4): train on a question's group of G trajectories only when some role's
     return varies within it (`ragteam.train.decor_adv.keep_group`: otherwise every Eq. 6 advantage is 0), and
     refill the step with further questions until `joint.decor.ppo.questions_per_step` groups are kept or
-    `max_rounds` rollouts have run (`ragteam.train.ppo._select_with_refill`)."""
+    `max_rounds` rollouts have run (`ragteam.train.joint.batch._select_with_refill`)."""
 
     enabled: bool = True
     max_rounds: int = Field(10, ge=1)   # rollouts per step, the first included (DAPO recipe's max_num_gen_batches

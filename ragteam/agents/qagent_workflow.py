@@ -209,7 +209,7 @@ def trajectory_tokens(ep: Episode, tokenizer) -> TrajectoryTokens:
 
     Token in, token out: the first prompt is the ids the engine recorded for the first turn, each generated
     segment the ids it sampled (`AgentCall.response_ids`: through the stop string's tokens, or the EOS), so the
-    loss scores what the policy sampled (see `ragteam.train.ppo.tokenize_call`); only the injected
+    loss scores what the policy sampled (see `ragteam.train.joint.batch.tokenize_call`); only the injected
     `<information>` blocks and retry text, which the engine never sampled, are tokenised here (on their own, no
     special tokens). Every token belongs to exactly one segment and the mask follows the segments exactly:
     generated segments 1, injected text 0 (the paper masks the retrieved content; the retry text is environment

@@ -1,6 +1,6 @@
 """QAgent training (Sec. 3.3-3.4, App. C): multi-turn GRPO in two stages on the joint trainer's one core.
 
-QAgent is a system adapter of `ragteam.train.ppo`, not a loop of its own:
+QAgent is a system adapter of the joint trainer (`ragteam.train.joint`), not a loop of its own:
 - rollout   each question of a step is run G = `group_size` times through Algorithm 1 (`run_qagent`, end to end,
             sampled at the trainer's temperature); episode k·G..k·G+G-1 are question k's group;
 - reward    stage 1 Eq. 7 (format gate x strict EM of the agent's <answer>); stage 2 Eq. 8-10 (non-strict EM of the
@@ -37,7 +37,10 @@ from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.qagent import qagent_rewards_stage1, qagent_rewards_stage2
 from ragteam.train.checkpoints import TrainResult, save_agent
-from ragteam.train.ppo import JointSystem, PPOParams, Sample, train_joint_ppo
+from ragteam.train.joint.system import JointSystem
+from ragteam.train.joint.params import PPOParams
+from ragteam.train.joint.batch import Sample
+from ragteam.train.joint.loop import train_joint_ppo
 
 Stage = Literal["stage1", "stage2"]
 

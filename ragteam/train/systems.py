@@ -31,7 +31,7 @@ from ragteam.llm import Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.team import episode_return
-from ragteam.train.ppo import JointSystem
+from ragteam.train.joint.system import JointSystem
 
 
 def call_group_key(ep: Episode, c) -> tuple:

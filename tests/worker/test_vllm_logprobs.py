@@ -20,7 +20,8 @@ MEAN_TOL, MAX_TOL = 1e-3, 2e-2
 def _actor(model_dir, seed: int):
     """The trainer's actor (`_build_actor_critic`, LoRA as params.yaml joint.ppo) with random adapter weights in
     place of a trained step's (peft initialises B to zero)."""
-    from ragteam.train.ppo import PPOParams, _build_actor_critic
+    from ragteam.train.joint.params import PPOParams
+    from ragteam.train.joint.actor_critic import _build_actor_critic
 
     p = PPOParams(steps=1, questions_per_step=1, minibatch_size=4, micro_batch_size=4, actor_lr=1e-4, critic_lr=1e-4,
                   lora={"enabled": True, "rank": LORA_RANK, "alpha": 32, "top_layers": 4})
@@ -39,7 +40,7 @@ def test_the_trainers_log_probs_of_vllm_samples_match_the_engines(vllm_engine, s
     from transformers import AutoTokenizer
 
     from ragteam.llm.vllm_backend import VLLMPolicy
-    from ragteam.train.ppo import Sample, _collate, engine_mismatch
+    from ragteam.train.joint.batch import Sample, _collate, engine_mismatch
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     ac = _actor(smollm2_dir, seed=3)
