@@ -3,7 +3,7 @@ system ... the step where reward stops rising").
 
 `train_joint@<system>` logs one DVCLive TSV per curve under `reports/training/train_joint_<system>/plots/metrics/`
 (git-tracked, `cache: false`), so every experiment commit holds its run's curves. This reads them with `git show
-<rev>:<path>`, from the runs a saved `dvc exp show --json` names (the same runs `ragteam replicate joint-summary
+<rev>:<path>`, from the runs a saved `dvc exp show --json` names (the same runs `python -m studies joint-summary
 --exp-json` reads, refused alike where they differ in more than their seeds), and writes per seed the step-by-step table of what the issue asks to see: team reward, episode
 F1 of the sampled rollouts, format errors per call, policy and critic grad norms, KL to the start model (`kl_start`,
 k3 estimate before each step's update), clip fraction, explained variance, and, where a run logged them (from
@@ -26,6 +26,10 @@ import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:      # the study tools (`studies`) live at the repository root, outside the package
+    sys.path.insert(0, str(REPO))
 
 CURVE_DIR = "reports/training/train_joint_{system}/plots/metrics"
 CURVES = {                         # column -> TSV (DVCLive writes `a/b` as `a.b`)
@@ -75,9 +79,9 @@ def plateau_step(reward: Mapping[int, float], window: int = WINDOW) -> int | Non
 
 
 def study_runs(entries: Sequence[Mapping], select: Sequence[str], root: str | Path = ".") -> list[tuple[str, str]]:
-    """(name, rev) of the selected experiments, in the order asked: the runs `ragteam replicate joint-summary`
+    """(name, rev) of the selected experiments, in the order asked: the runs `python -m studies joint-summary`
     reads (`joint_study.load_runs`, which refuses runs that differ in anything but their seeds)."""
-    from ragteam.eval import joint_study
+    from studies import joint_study
     from ragteam.lineage import json_at
 
     runs, _ = joint_study.load_runs(entries, lambda rev, path: json_at(root, rev, path), select=select)

@@ -21,7 +21,7 @@ with the checkout's code and params, so the labels come from each seed's own tra
 
 Side by side (`--control`, after the run): for each seed, the judge is trained again on the same seed's labels minus
 the extra rows (the synthesis candidates alone, labelled by the same answer agent in the same run) and evaluated the
-same way, into OUT/control/; both sets are summarised by `ragteam replicate summarize` (OUT/replicate.md and
+same way, into OUT/control/; both sets are summarised by `python -m studies summarize` (OUT/replicate.md and
 OUT/control/replicate.md), so the two judges differ only in their training rows.
 
 The lever is now the stage param `label_judge.extra_candidates` (its builder `stages.label_judge.extra_candidates`
@@ -113,7 +113,7 @@ def control(out: Path, seed: int, env: dict) -> None:
 
 
 def summarize(out: Path, seeds: list[int]) -> None:
-    subprocess.run([sys.executable, "-m", "ragteam.cli", "replicate", "summarize",
+    subprocess.run([sys.executable, "-m", "studies", "summarize",
                     *[x for s in seeds for x in ("--metrics", str(out / f"seed{s}.json"))],
                     "--out-md", str(out / "replicate.md"), "--out-json", str(out / "replicate.json")],
                    check=True, cwd=REPO)

@@ -1,11 +1,11 @@
 """Replicate the MAPS training stages over seeds where DVC is not installed (e.g. a bare GPU worker).
 
-What `dvc exp run $(ragteam replicate flags SEED)` does for each seed, run by hand: every seed gets a workspace
+What `dvc exp run $(python -m studies flags SEED)` does for each seed, run by hand: every seed gets a workspace
 (this checkout's `ragteam/`, `stages/` and `params.yaml` with the seed flags and `--set` overrides applied; the
 shared inputs `data/prepared`, `data/indexes`, `data/synthesis` and `models/llm` linked read-only from SOURCE),
 and runs the stages downstream of `synthesize` in DAG order: train_answer, train_query, label_judge, train_judge,
 evaluate_agents. Seeds run in parallel (`--jobs`). Each seed's metrics land in OUT/seed<K>/ and its evaluate_agents
-output as OUT/seed<K>.json + OUT/seed<K>.questions.json, the layout `ragteam replicate summarize --metrics` reads;
+output as OUT/seed<K>.json + OUT/seed<K>.questions.json, the layout `python -m studies summarize --metrics` reads;
 the summary goes to OUT/replicate.md and OUT/replicate.json.
 
     python experiments/replicate_maps_seeds.py --source . --out /tmp/rep --seeds 0 1 2 --jobs 3
@@ -29,7 +29,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ragteam.eval.replicate import TRAINING_SEEDS  # noqa: E402
+from studies.replicate import TRAINING_SEEDS  # noqa: E402
 
 STAGES = ("train_answer", "train_query", "label_judge", "train_judge", "evaluate_agents")
 OPTIONAL = ("evaluate",)          # the team: MAPS rows of the evaluate stage with this seed's agents (--stages)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"failed: {', '.join(f'seed {s} at {f} (log: {a.out}/seed{s}/{f}.log)' for s, f in failed)}")
     if "evaluate_agents" not in a.stages:
         return
-    subprocess.run([sys.executable, "-m", "ragteam.cli", "replicate", "summarize",
+    subprocess.run([sys.executable, "-m", "studies", "summarize",
                     *[x for s in a.seeds for x in ("--metrics", str(a.out / f"seed{s}.json"))],
                     "--out-md", str(a.out / "replicate.md"), "--out-json", str(a.out / "replicate.json")],
                    check=True, cwd=REPO)

@@ -2,7 +2,7 @@
 training seed with the paired bootstrap, and pooled over seeds.
 
 Superseded for new runs by the same study through DVC (`profiles/maps_mirror_team.yaml`, `dvc exp run` per seed,
-`ragteam replicate team-summary`; docs/maps.md), whose experiments `ragteam lineage --rev` traces: it reproduced
+`python -m studies team-summary`; docs/maps.md), whose experiments `ragteam lineage --rev` traces: it reproduced
 experiments/team_mirror_fallback/ to the digit. This script stays for the studies it made.
 
 Per seed K, a workspace OUT/work/seed<K> gets this checkout's `ragteam/` and `stages/`, the seed's `params.yaml` and

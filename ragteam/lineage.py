@@ -249,7 +249,7 @@ def commit_of(root: str | Path, rev: str) -> str:
     if re.fullmatch(r"[0-9a-fA-F]{4,64}", rev):
         raise LineageError(f"commit {rev[:7]} (a run of the study) is not in this repository: DVC keeps "
                            f"experiment commits under refs/exps, which a clone does not fetch; where the study "
-                           f"ran, `ragteam replicate keep <its experiments>` puts them in the branch's history")
+                           f"ran, `python -m studies keep <its experiments>` puts them in the branch's history")
     raise LineageError(f"revision {rev!r}: not a commit of the repository at {root} (a run's rev is its commit "
                        f"hash, as `dvc exp show --json` writes it)")
 
@@ -257,7 +257,7 @@ def commit_of(root: str | Path, rev: str) -> str:
 def git_show(root: str | Path, rev: str, path: str) -> str | None:
     """A git-tracked file as commit `rev` holds it, or None where that commit has no such file. A commit missing
     from the repository is an error: a study's experiment commits live under refs/exps, which a clone does not
-    fetch, unless `ragteam replicate keep` put them in the branch's history. `rev` is resolved to a verified commit
+    fetch, unless `python -m studies keep` put them in the branch's history. `rev` is resolved to a verified commit
     hash first (`commit_of`), so nothing from it reaches git's option parser."""
     sha = commit_of(root, rev)
     got = subprocess.run(["git", "show", "--end-of-options", f"{sha}:{path}"], cwd=root, capture_output=True,
@@ -407,7 +407,7 @@ def _lineage_at(root: Path, rel: str, rev: str) -> dict[str, Any]:
     sha = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     if not sha:
         raise LineageError(f"--rev {rev}: not a commit of {root} (an experiment's commit is kept by "
-                           f"`ragteam replicate keep <exp>`, or by `dvc exp branch <exp> <branch>`)")
+                           f"`python -m studies keep <exp>`, or by `dvc exp branch <exp> <branch>`)")
     tmp = Path(tempfile.mkdtemp(prefix="ragteam-lineage-"))
     tree = tmp / "tree"
     try:

@@ -4,7 +4,7 @@ The first `eval_agents.n_questions` of each benchmark in data/prepared/benchmark
 `eval_agents.retriever`; the trained checkpoints are those of `eval.agents`. Writes metrics/eval_agents.json
 ({benchmark | avg: {n, answer|query|judge: {base, trained, diff}}}: scores, bootstrap intervals, paired trained - base
 differences; its declared metrics in metrics/summary/eval_agents.json, COMPARED), results/eval_agents/questions.json
-(the per-question scores, so seed replicates can be pooled by `ragteam replicate summarize`) and
+(the per-question scores, so seed replicates can be pooled by `python -m studies summarize`) and
 reports/eval_agents.md. See `ragteam.eval.agents` for what is measured.
 """
 from __future__ import annotations

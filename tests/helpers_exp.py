@@ -1,4 +1,4 @@
-"""`dvc exp show --json` in DVC 3's layout for the seed-study tests (`ragteam replicate joint-summary` /
+"""`dvc exp show --json` in DVC 3's layout for the seed-study tests (`python -m studies joint-summary` /
 `team-summary`): a baseline commit with its experiments, each row carrying its params.yaml."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The joint systems' seed study over fabricated experiments: `dvc exp show --json` in DVC 3's layout, each run's
-records in its own git commit, as `ragteam replicate joint-summary` reads them. Figures worked out by hand."""
+records in its own git commit, as `python -m studies joint-summary` reads them. Figures worked out by hand."""
 import json
 import math
 import subprocess
@@ -8,8 +8,8 @@ import pytest
 from helpers_exp import exp_row, exp_show
 from typer.testing import CliRunner
 
-from ragteam.cli import app
-from ragteam.eval import joint_study as js
+from studies.cli import app as study_app
+from studies import joint_study as js
 
 # per seed: F1 of mask / mask_warmup / mask_trained, and the paired intervals `evaluate` gave each difference
 F1 = {0: (10.0, 20.0, 22.0), 1: (10.0, 18.0, 22.0), 2: (10.0, 22.0, 28.0)}   # RL over warm-up: +2, +4, +6
@@ -117,7 +117,7 @@ def test_cli_reads_each_run_at_its_own_commit(tmp_path, monkeypatch):
         revs.append(git("rev-parse", "HEAD"))
     (tmp_path / "exp.json").write_text(json.dumps(_exp_show(revs)))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["replicate", "joint-summary", "--exp-json", "exp.json"])
+    result = CliRunner().invoke(study_app, ["joint-summary", "--exp-json", "exp.json"])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "metrics/joint_study.json").read_text())
     assert summary["mask"]["pairs"]["RL over warm-up"]["f1"]["mean"] == 4.0
@@ -127,13 +127,13 @@ def test_cli_reads_each_run_at_its_own_commit(tmp_path, monkeypatch):
     # a run whose commit this clone lacks (an experiment never kept): named, with the fix, not "no runs"
     lost = "f" * 40
     (tmp_path / "lost.json").write_text(json.dumps(_exp_show([revs[0], revs[1], lost])))
-    gone = CliRunner().invoke(app, ["replicate", "joint-summary", "--exp-json", "lost.json"])
+    gone = CliRunner().invoke(study_app, ["joint-summary", "--exp-json", "lost.json"])
     assert gone.exit_code == 1 and "Traceback" not in gone.output
     assert "commit fffffff (a run of the study) is not in this repository" in gone.output
-    assert "ragteam replicate keep" in gone.output
-    bad = CliRunner().invoke(app, ["replicate", "flags", "1", "--kind", "nosuch"])
+    assert "python -m studies keep" in gone.output
+    bad = CliRunner().invoke(study_app, ["flags", "1", "--kind", "nosuch"])
     assert bad.exit_code == 1 and "--kind 'nosuch': one of maps, joint" in bad.output
-    assert CliRunner().invoke(app, ["replicate", "flags", "2", "--kind", "joint"]).output.strip() == \
+    assert CliRunner().invoke(study_app, ["flags", "2", "--kind", "joint"]).output.strip() == \
         "-S warmup.sft.seed=2 -S joint.ppo.seed=2"
 
 
@@ -162,14 +162,14 @@ def test_the_team_reward_joins_the_summary_only_where_every_run_has_it():
     assert "| RL over warm-up | team reward ×100 | 4.00 ± 2.00 |" in md
     # the rerun lines name the runs as they were named, not a fixed `joint-seed`
     names = sorted(r["name"] for r in s["runs"])
-    assert f"ragteam replicate joint-summary --exp {' --exp '.join(names)}" in md
+    assert f"python -m studies joint-summary --exp {' --exp '.join(names)}" in md
     launch = js._launch([{"name": f"team-seed{k}", "seeds": {"warmup.sft.seed": k, "joint.ppo.seed": k}}
                          for k in (2, 0, 1)])
     assert launch == ["for s in 0 1 2; do dvc exp run --queue -n team-seed$s "
-                      "$(ragteam replicate flags $s --kind joint); done"]
+                      "$(python -m studies flags $s --kind joint); done"]
     odd = js._launch([{"name": "a", "seeds": {"warmup.sft.seed": 3}}, {"name": "b7", "seeds": {"warmup.sft.seed": 7}}])
-    assert odd == ["dvc exp run --queue -n a $(ragteam replicate flags 3 --kind joint)",
-                   "dvc exp run --queue -n b7 $(ragteam replicate flags 7 --kind joint)"]
+    assert odd == ["dvc exp run --queue -n a $(python -m studies flags 3 --kind joint)",
+                   "dvc exp run --queue -n b7 $(python -m studies flags 7 --kind joint)"]
     # runs that share the warm-up's seed and vary RL's alone (experiments/mask_rl_seeds): the shared seed is a fixed
     # flag and only RL's follows the loop; `replicate flags` would set both and rerun a different study
     rl_only = [{"name": f"mask-rlseed{k}", "seeds": {"warmup.sft.seed": 0, "joint.ppo.seed": k}} for k in (1, 0, 2)]

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from ragteam import lineage as lin
 from ragteam.cli import app
+from studies.cli import app as study_app
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -253,7 +254,7 @@ def test_keep_puts_experiment_commits_in_the_branch_history_so_a_clone_has_them(
     before = sh(["git", "rev-parse", "HEAD^{tree}"], repo)
     monkeypatch.chdir(repo)
     (repo / "dvc.yaml").write_text("stages: {}\n")   # find_root looks for a DVC project
-    res = CliRunner().invoke(app, ["replicate", "keep", "seed1", two[:10]])
+    res = CliRunner().invoke(study_app, ["keep", "seed1", two[:10]])
     assert res.exit_code == 0, res.output
     assert f"kept 2 experiment commit(s) ({one[:7]}, {two[:7]})" in res.output
     parents = sh(["git", "log", "-1", "--format=%P"], repo).split()
@@ -263,14 +264,14 @@ def test_keep_puts_experiment_commits_in_the_branch_history_so_a_clone_has_them(
     clone = tmp_path / "clone"
     sh(["git", "clone", "-q", str(repo), str(clone)], tmp_path)
     assert sh(["git", "show", f"{two}:a.txt"], clone) == "two"       # what a study summary reads at the run
-    again = CliRunner().invoke(app, ["replicate", "keep", "seed1", "seed2"])
+    again = CliRunner().invoke(study_app, ["keep", "seed1", "seed2"])
     assert again.exit_code == 0 and "nothing to keep: 2 experiment commit(s) already in the history" in again.output
     for name, why in (("nosuch", "neither a DVC experiment here"),):
-        bad = CliRunner().invoke(app, ["replicate", "keep", name])
+        bad = CliRunner().invoke(study_app, ["keep", name])
         assert bad.exit_code == 1 and why in bad.output and "Traceback" not in bad.output
     base = sh(["git", "rev-parse", "HEAD"], repo)
     _experiment(repo, "seed1", "again\n")                             # a second experiment of the same name
-    bad = CliRunner().invoke(app, ["replicate", "keep", "seed1"])
+    bad = CliRunner().invoke(study_app, ["keep", "seed1"])
     assert bad.exit_code == 1 and "2 experiments have that name" in bad.output
     assert sh(["git", "rev-parse", "HEAD"], repo) == base
 

@@ -1,13 +1,13 @@
 """Seed-replicate summary over fabricated experiments: `dvc exp show --json` in DVC 3's layout, per-question scores
-in git commits, as `ragteam replicate summarize` reads them."""
+in git commits, as `python -m studies summarize` reads them."""
 import json
 import subprocess
 
 import pytest
 from typer.testing import CliRunner
 
-from ragteam.cli import app
-from ragteam.eval import replicate as rep
+from studies.cli import app as study_app
+from studies import replicate as rep
 from ragteam.eval.agents import summarize_agents
 from ragteam.eval.stats import BootstrapConfig
 
@@ -99,7 +99,7 @@ def test_summary_mean_sd_t_interval_signs_and_pooled_bootstrap():
     assert ba["per_seed"] == [50.0, 50.0, 50.0] and ba["gain"]["sd"] == 0.0 and ba["pooled"]["diff"] == 50.0
     md = rep.report_markdown(s, ["broken: no metrics"], CFG)
     assert "| EM | HotpotQA | 0.00 ± 0.00 | 30.00 ± 10.00 | 30.00 ± 10.00 | [5.16, 54.84] | +++ | 1/3 |" in md
-    assert "**+30.00 [" in md and "- broken: no metrics" in md and "ragteam replicate flags $s" in md
+    assert "**+30.00 [" in md and "- broken: no metrics" in md and "python -m studies flags $s" in md
     assert "main (train_answer.stage1.seed=0, " in md
 
 
@@ -115,7 +115,7 @@ def test_pooled_needs_the_same_questions_in_every_run():
 def test_seed_flags_set_every_training_seed():
     assert rep.seed_flags(2) == ["-S train_answer.stage1.seed=2", "-S train_answer.stage2.seed=2",
                                  "-S train_query.grpo.seed=2", "-S label_judge.seed=2", "-S train_judge.sft.seed=2"]
-    res = CliRunner().invoke(app, ["replicate", "flags", "1"])
+    res = CliRunner().invoke(study_app, ["flags", "1"])
     assert res.exit_code == 0 and res.output.split() == " ".join(rep.seed_flags(1)).split()
 
 
@@ -142,14 +142,14 @@ def test_cli_reads_each_experiment_commit_for_its_questions(tmp_path, monkeypatc
         row["data"]["metrics"] = {"metrics/summary/eval_agents.json": {"data": {"avg": {}}}}
     (tmp_path / "exps.json").write_text(json.dumps(exps))
     monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(app, ["replicate", "summarize", "--exp-json", "exps.json", "--resamples", "500"])
+    res = CliRunner().invoke(study_app, ["summarize", "--exp-json", "exps.json", "--resamples", "500"])
     assert res.exit_code == 0, res.output
     out = json.loads((tmp_path / "metrics" / "replicate.json").read_text())
     assert [r["name"] for r in out["runs"]] == ["main", "seed1", "seed2"]
     assert out["bamboogle"]["answer"]["f1"]["pooled"]["diff"] == 30.0               # read from the commits
     assert out["hotpotqa"]["answer"]["em"]["per_seed"] == [30.0, 40.0, 20.0]        # each commit's own record
     assert (tmp_path / "reports" / "replicate.md").read_text() in res.output
-    bad = CliRunner().invoke(app, ["replicate", "summarize", "--exp-json", "exps.json", "--exp", "nothing"])
+    bad = CliRunner().invoke(study_app, ["summarize", "--exp-json", "exps.json", "--exp", "nothing"])
     assert bad.exit_code == 1 and "no runs" in bad.output
 
 
@@ -160,7 +160,7 @@ def test_cli_on_metrics_files(tmp_path):
         m.write_text(json.dumps(summarize_agents(_questions(seed)["benchmarks"], CFG)))
         files += ["--metrics", str(m)]
     (tmp_path / "run0.questions.json").write_text(json.dumps(_questions(0)))
-    res = CliRunner().invoke(app, ["replicate", "summarize", *files, "--out-md", str(tmp_path / "r.md"),
+    res = CliRunner().invoke(study_app, ["summarize", *files, "--out-md", str(tmp_path / "r.md"),
                                    "--out-json", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
     out = json.loads((tmp_path / "r.json").read_text())

@@ -1,5 +1,5 @@
 """The MAPS team's seed study over fabricated experiments (`dvc exp show --json` in DVC 3's layout, each run's records
-in its own git commit) and over episodes read through DVC at a commit, as `ragteam replicate team-summary` reads them.
+in its own git commit) and over episodes read through DVC at a commit, as `python -m studies team-summary` reads them.
 Figures worked out by hand."""
 import json
 import math
@@ -10,8 +10,9 @@ import pytest
 from helpers_exp import exp_row, exp_show
 from typer.testing import CliRunner
 
-from ragteam.cli import _episode_scores, app
-from ragteam.eval import team_study as ts
+from studies.cli import _episode_scores
+from studies.cli import app as study_app
+from studies import team_study as ts
 from ragteam.eval.stats import BootstrapConfig
 from ragteam.records import Episode
 
@@ -79,7 +80,7 @@ def test_summary_by_hand():
     md = ts.report_markdown(s)
     assert "| F1 | 2Wiki | 20.00 ± 0.00 | 32.00 ± 7.21 | 12.00 ± 7.21 |" in md
     assert "+20.00 [15.00, 25.00] †" in md
-    assert "ragteam replicate team-summary --exp maps-mirror-seed0 --exp maps-mirror-seed1 --exp " \
+    assert "python -m studies team-summary --exp maps-mirror-seed0 --exp maps-mirror-seed1 --exp " \
            "maps-mirror-seed2" in md
 
 
@@ -173,7 +174,7 @@ def test_cli_reads_records_at_each_commit_and_episodes_through_dvc(tmp_path, mon
     ids, sc = _episode_scores(revs[0], "maps", "hotpotqa")
     assert ids == ["hotpotqa-0", "hotpotqa-1"] and sc["f1"] == [1.0, 0.0] and sc["no_answer"] == [0.0, 0.0]
     assert _episode_scores(revs[0], "maps", "musique") is None          # no such output at that commit
-    result = CliRunner().invoke(app, ["replicate", "team-summary", "--exp-json", "exp.json", "--resamples", "200"])
+    result = CliRunner().invoke(study_app, ["team-summary", "--exp-json", "exp.json", "--resamples", "200"])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "metrics/team_study.json").read_text())
     assert [r["rev"] for r in summary["runs"]] == revs
@@ -189,11 +190,11 @@ def test_cli_reads_records_at_each_commit_and_episodes_through_dvc(tmp_path, mon
     shutil.rmtree(tmp_path / ".dvc" / "tmp", ignore_errors=True)
     shutil.rmtree(tmp_path / "results")
     assert _episode_scores(revs[0], "maps", "hotpotqa") is None
-    again = CliRunner().invoke(app, ["replicate", "team-summary", "--exp-json", "exp.json", "--resamples", "200"])
+    again = CliRunner().invoke(study_app, ["team-summary", "--exp-json", "exp.json", "--resamples", "200"])
     assert again.exit_code == 0, again.output
     summary = json.loads((tmp_path / "metrics/team_study.json").read_text())
     assert summary["avg"]["f1"]["pooled"] is None and summary["avg"]["f1"]["diff"]["mean"] == 7.0
     assert "neither in this checkout's DVC cache nor in its remote (`dvc pull` at that commit)" in again.output
     # a user's mistake: a pair the runs did not compare -> one line, no traceback
-    bad = CliRunner().invoke(app, ["replicate", "team-summary", "--exp-json", "exp.json", "--pair", "maps", "drag"])
+    bad = CliRunner().invoke(study_app, ["team-summary", "--exp-json", "exp.json", "--pair", "maps", "drag"])
     assert bad.exit_code == 1 and "Traceback" not in bad.output and "no 'maps vs drag'" in bad.output

@@ -1,4 +1,4 @@
-"""Print the README's replication table from `ragteam replicate summarize` JSON (experiments/replicate_mirror)."""
+"""Print the README's replication table from `python -m studies summarize` JSON (experiments/replicate_mirror)."""
 import json
 import sys
 

@@ -17,7 +17,7 @@ benchmarks' questions together:
 This isolates each agent from the other two, on more questions than the evaluate stage. Every tested metric
 (`TESTED`) gets a percentile bootstrap interval per model and a paired bootstrap of trained - base over the same
 questions; "avg" resamples each benchmark within itself and averages benchmarks unweighted. The per-question
-scores are returned too, so seed replicates can be pooled (`ragteam.eval.replicate`).
+scores are returned too, so seed replicates can be pooled (`studies.replicate`).
 """
 from __future__ import annotations
 

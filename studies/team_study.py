@@ -3,9 +3,9 @@
 experiments (profiles/maps_mirror_team.yaml runs them on real HotpotQA and 2Wiki questions):
 
     for s in 0 1 2; do dvc exp run -n maps-mirror-seed$s $(ragteam profile flags maps_mirror_team) \\
-        $(ragteam replicate flags $s) evaluate; done
-    ragteam replicate keep maps-mirror-seed0 maps-mirror-seed1 maps-mirror-seed2
-    ragteam replicate team-summary --exp maps-mirror-seed0 --exp maps-mirror-seed1 --exp maps-mirror-seed2
+        $(python -m studies flags $s) evaluate; done
+    python -m studies keep maps-mirror-seed0 maps-mirror-seed1 maps-mirror-seed2
+    python -m studies team-summary --exp maps-mirror-seed0 --exp maps-mirror-seed1 --exp maps-mirror-seed2
 
 Each experiment commit holds its own plain records (git-tracked): `metrics/eval.json` (each row's scores per
 benchmark) and `metrics/eval_compare.json` (the pair's paired bootstrap over questions), and its `dvc.lock` pins the
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from ragteam.eval import stats
-from ragteam.eval.replicate import (SEED_PARAMS, Run, load_eval_runs, mean_sd, per_seed, pooled_cell, signs,
+from studies.replicate import (SEED_PARAMS, Run, load_eval_runs, mean_sd, per_seed, pooled_cell, signs,
                                     t_interval)
 from ragteam.eval.stats import BootstrapConfig
 
@@ -190,5 +190,5 @@ def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapC
     names = sorted(r["name"] for r in runs)
     parts += ["How to rerun the summary (each run is a DVC experiment whose commit this branch keeps; its episodes "
               "come from the DVC cache or remote):", "", "```bash",
-              "ragteam replicate team-summary " + " ".join(f"--exp {n}" for n in names), "```", ""]
+              "python -m studies team-summary " + " ".join(f"--exp {n}" for n in names), "```", ""]
     return "\n".join(parts)

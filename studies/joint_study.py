@@ -2,9 +2,9 @@
 scored by `evaluate` (the 12 joint rows on 40 questions each, `eval.systems`) in runs that differ only in the joint
 training seeds, launched as DVC experiments (seed 0 is the default run's own seeds):
 
-    for s in 0 1 2; do dvc exp run --queue -n joint-seed$s $(ragteam replicate flags $s --kind joint); done
+    for s in 0 1 2; do dvc exp run --queue -n joint-seed$s $(python -m studies flags $s --kind joint); done
     dvc queue start --jobs 1                  # or: dvc exp run --run-all
-    ragteam replicate joint-summary --exp joint-seed0 --exp joint-seed1 --exp joint-seed2
+    python -m studies joint-summary --exp joint-seed0 --exp joint-seed1 --exp joint-seed2
 
 Every experiment commit holds its own plain records (git-tracked): `metrics/eval.json` (each row's scores),
 `metrics/eval_compare.json` (each compared pair's paired-bootstrap difference over questions) and the training
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from ragteam.eval import stats
-from ragteam.eval.replicate import Run, load_eval_runs, mean_sd, per_seed, signs, t_interval
+from studies.replicate import Run, load_eval_runs, mean_sd, per_seed, signs, t_interval
 
 # What a joint study varies: the warm-up's SFT and RL's sampling, for every system at once. A system that pins its
 # own seed (`joint.<system>.ppo.seed`, an override) is not varied by these flags: keep the study's systems on the
@@ -163,7 +163,7 @@ def report_markdown(summary: Mapping, systems: Sequence[str], notes: Sequence[st
     parts += ["How to rerun them (the seeds are params; each run is a DVC experiment; add the flags of any profile the "
               "runs share, which every run's params.yaml holds):", "", "```bash", *_launch(runs),
               "dvc queue start --jobs 1",
-              "ragteam replicate joint-summary " + " ".join(f"--exp {n}" for n in sorted(r["name"] for r in runs)),
+              "python -m studies joint-summary " + " ".join(f"--exp {n}" for n in sorted(r["name"] for r in runs)),
               "```", ""]
     return "\n".join(parts)
 
@@ -178,7 +178,7 @@ def _launch(runs: Sequence[Mapping]) -> list[str]:
     """The `dvc exp run --queue` lines that name and seed these runs as they were run. Seeds every run shares are
     fixed flags; the ones that vary are set per run. Where every varied seed of a run takes one value and each name
     is a common prefix plus it (`team-seed0`, ...), one loop; where that value also sets every seed of the study,
-    the loop uses `ragteam replicate flags`; otherwise one line per run with each seed's own `-S` flag."""
+    the loop uses `python -m studies flags`; otherwise one line per run with each seed's own `-S` flag."""
     keys = [k for k in SEEDS if any(k in r["seeds"] for r in runs)]
     fixed = {k for k in keys if all(k in r["seeds"] for r in runs) and len({r["seeds"][k] for r in runs}) == 1}
     varied = [k for k in keys if k not in fixed]
@@ -187,7 +187,7 @@ def _launch(runs: Sequence[Mapping]) -> list[str]:
     if varied and all(len(v) == 1 and None not in v for v in value.values()):
         seed = {n: next(iter(v)) for n, v in value.items()}
         prefixes = {n.removesuffix(str(v)) if n.endswith(str(v)) else None for n, v in seed.items()}
-        flags = ("$(ragteam replicate flags {s} --kind joint)" if not fixed
+        flags = ("$(python -m studies flags {s} --kind joint)" if not fixed
                  else const.lstrip() + "".join(f" -S {k}={{s}}" for k in varied))
         if len(prefixes) == 1 and None not in prefixes:
             seeds = " ".join(str(v) for v in sorted(seed.values()))

@@ -4,9 +4,9 @@ of each seed's gain, and a paired bootstrap pooled over seeds.
 
 Launch the seeds as DVC experiments (`seed_flags`), then summarise `dvc exp show --json`:
 
-    for s in 1 2; do dvc exp run --queue -n seed$s $(ragteam replicate flags $s); done
+    for s in 1 2; do dvc exp run --queue -n seed$s $(python -m studies flags $s); done
     dvc exp run --run-all
-    ragteam replicate summarize          # -> reports/replicate.md, metrics/replicate.json
+    python -m studies summarize          # -> reports/replicate.md, metrics/replicate.json
 
 Each experiment re-runs train_answer, train_query, label_judge, train_judge and everything downstream of them
 (evaluate, evaluate_agents); synthesize (its data) is shared unless `synthesize.seed` is varied too. The pooled
@@ -250,6 +250,6 @@ def report_markdown(summary: Mapping, notes: Sequence[str] = (), cfg: BootstrapC
     if notes:
         parts += ["Left out:", "", *(f"- {n}" for n in notes), ""]
     parts += ["How the replicates were launched (the training seeds are params):", "", "```bash",
-              "for s in 1 2; do dvc exp run --queue -n seed$s $(ragteam replicate flags $s); done",
-              "dvc exp run --run-all", "ragteam replicate summarize", "```", ""]
+              "for s in 1 2; do dvc exp run --queue -n seed$s $(python -m studies flags $s); done",
+              "dvc exp run --run-all", "python -m studies summarize", "```", ""]
     return "\n".join(parts)

@@ -1,0 +1,3 @@
+from studies.cli import app
+
+app(prog_name="python -m studies")
