@@ -28,7 +28,13 @@ so Ray schedules the stages on the cluster's nodes (each job reserves `llm.threa
 this flow only waits: the job's log goes to the task's log, a failed job fails the task and the flow, naming the
 stage. The cluster must share this checkout's filesystem at the same path (the job `cd`s into it, runs this
 interpreter, and writes the outs and dvc.lock there); without a shared filesystem use the GPU work pool
-(`gpu_mode: deployment`), which moves data through the DVC remote.
+(`gpu_mode: deployment`), which moves data through the DVC remote. A job gets an allow-list of this process's
+environment, never a credential; the address must be https or a loopback host; Ray's token is sent if set
+(`flows.subprocesses.ray_job_env`, `ragteam.ray_jobs.check_address`, `auth_token`).
+
+Cancelling: each stage command runs in a process group of its own; when the run is interrupted or cancelled
+(SIGINT, a Prefect cancel's SIGTERM) or fails, every running group gets SIGINT, then SIGTERM, then SIGKILL, running
+Ray jobs are stopped, and no stage starts after (`flows.subprocesses.stages_stopped_on_exit`).
 """
 from __future__ import annotations
 
@@ -37,12 +43,10 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import socket
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
@@ -64,10 +68,11 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.futures import as_completed  # noqa: E402
 
+from flows.subprocesses import StageFailed, dvc, repro, repro_on_ray, stages_stopped_on_exit  # noqa: E402
 from ragteam import lineage as lin  # noqa: E402
 from ragteam.config import ParamsError, Strict, load_params, parse_section  # noqa: E402
 from ragteam.io import atomic_dir, atomic_file  # noqa: E402
-from ragteam.ray_jobs import RayJobError, RayJobs, submission_id  # noqa: E402
+from ragteam.ray_jobs import RayJobError, RayJobs, check_address  # noqa: E402, F401  (RayJobError: re-exported)
 
 FLOW_NAME = "ragteam-pipeline"
 DEFAULT_RESULT_STORAGE = ".prefect/results"  # git-ignored (/.prefect/)
@@ -90,14 +95,19 @@ class PrefectParams(Strict):
     # where Prefect persists flow results: a directory (relative to the project root, or absolute), which GPU
     # workers on other hosts must mount at the same path, or an s3://<bucket>[/<prefix>] URL both sides can reach
     result_storage: str = DEFAULT_RESULT_STORAGE
-    # a Ray cluster's job server (http://<head>:8265): stages that would run here run there as Ray jobs; the
-    # cluster must share this checkout's filesystem. None: off
+    # a Ray cluster's job server (https://<head>:8265, or http:// to a loopback host only: `check_address`):
+    # stages that would run here run there as Ray jobs; the cluster must share this checkout's filesystem. None: off
     ray_address: str | None = None
 
     @field_validator("result_storage")
     @classmethod
     def _a_directory_path(cls, v: str) -> str:
         return check_result_storage(v)
+
+    @field_validator("ray_address")
+    @classmethod
+    def _a_safe_address(cls, v: str | None) -> str | None:
+        return None if v is None else check_address(v)
 
 
 # URL schemes a result storage may have: fsspec file systems this environment installs (s3fs comes with dvc-s3)
@@ -228,10 +238,6 @@ def stage_slot(name: str | None, stage: str, log=None, wait_log_s: float = SLOT_
         yield
 
 
-class StageFailed(RuntimeError):
-    """A stage's dvc command exited non-zero; the message names the stage and ends with the output tail."""
-
-
 class PipelineFailed(RuntimeError):
     """One or more stages failed; the message names them and the stages left unrun."""
 
@@ -285,81 +291,6 @@ def result_storage_for(root: str | Path) -> Storage:
 def artifact_key(stage: str) -> str:
     """Prefect artifact keys allow lowercase letters, digits and dashes only."""
     return "stage-" + re.sub(r"[^a-z0-9-]+", "-", stage.lower()).strip("-")
-
-
-# ---------------------------------------------------------------- subprocesses
-
-
-def _run(args: list[str], root: Path, log=None) -> tuple[int, str]:
-    """Run a command in `root`, streaming its output to `log`; return (exit code, last 40 lines)."""
-    tail: deque[str] = deque(maxlen=40)
-    proc = subprocess.Popen(
-        args, cwd=root, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            line = line.rstrip()
-            tail.append(line)
-            if log and line:
-                log.info(line)
-        return proc.wait(), "\n".join(tail)
-    finally:  # the task was cancelled or interrupted: the command must not run on without it (nor hold DVC's lock)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def dvc_command(*args: str) -> list[str]:
-    """`dvc --wait-for-lock <args>` with this interpreter."""
-    return [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
-
-
-def dvc(root: Path, *args: str, log=None) -> None:
-    """Run `dvc_command(*args)` in `root`; StageFailed on a non-zero exit."""
-    rc, tail = _run(dvc_command(*args), root, log)
-    if rc != 0:
-        raise StageFailed(f"`dvc {' '.join(args)}` exited {rc} in {root}:\n{tail}")
-
-
-def repro_args(name: str, force: bool) -> list[str]:
-    """The dvc arguments that run one stage, here (`repro`) or as a Ray job (`repro_on_ray`)."""
-    return ["repro", "--single-item", *(["--force"] if force else []), name]
-
-
-def repro(root: Path, name: str, force: bool, log=None) -> None:
-    try:
-        dvc(root, *repro_args(name, force), log=log)
-    except StageFailed as e:
-        raise StageFailed(f"stage '{name}' failed: {e}") from None
-
-
-# what a Ray job gets of this process's environment: enough to run the stage as `repro` would (its PATH, the
-# project's settings), not the rest (a job's runtime env is stored on the cluster and shown on its dashboard)
-RAY_JOB_ENV_PREFIXES = ("RAGTEAM_", "DVC_", "HF_", "VLLM_", "OMP_", "TOKENIZERS_")
-
-
-def ray_job_env() -> dict[str, str]:
-    env = subprocess_env()
-    keep = {k: v for k, v in env.items() if k.startswith(RAY_JOB_ENV_PREFIXES)}
-    return {**keep, "PATH": env["PATH"], "PYTHONUNBUFFERED": "1"}
-
-
-def repro_on_ray(root: Path, name: str, force: bool, address: str, run_key: str, cpus: float, log=None) -> str:
-    """Run the stage's `dvc repro --single-item` as a Ray job at `address`, in `root` (a path the cluster shares),
-    reserving `cpus`; wait for it, its log going to `log`. Returns the job's submission id: derived from the
-    stage, command and `run_key` (the flow run), so a task retry after a failed job submits its next attempt
-    (`<id>-2`) and never runs a second copy of one still running. StageFailed, naming the stage, if it fails."""
-    entrypoint = f"cd {shlex.quote(str(root))} && {shlex.join(dvc_command(*repro_args(name, force)))}"
-    sid = submission_id(f"ragteam-{name}", str(root), entrypoint, run_key)
-    say = log.info if log else print
-    try:
-        with RayJobs(address) as ray:
-            return ray.run_job(entrypoint, submission_id=sid, runtime_env={"env_vars": ray_job_env()},
-                               metadata={"ragteam_stage": name, "ragteam_run": run_key}, entrypoint_num_cpus=cpus,
-                               log=say).submission_id
-    except RayJobError as e:
-        raise StageFailed(f"stage '{name}' failed as a Ray job: {e}") from None
 
 
 # ---------------------------------------------------------------- the commit a GPU worker runs
@@ -757,14 +688,27 @@ def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, m
     return record
 
 
+def ray_address_for(cfg: PrefectParams, ray_address: str | None) -> str | None:
+    """The Ray job server the stages go to: `ray_address` (the flow's parameter, `--ray-address`) or
+    `prefect.ray_address`, checked (`check_address`: https, or http to a loopback host); ParamsError naming it."""
+    if not ray_address:
+        return cfg.ray_address
+    try:
+        return check_address(ray_address)
+    except ValueError as e:
+        raise ParamsError(f"ray_address (--ray-address): {e}") from None
+
+
 def stage_modes(stages: dict[str, lin.Stage], cfg: PrefectParams, remote: bool,
                 ray_address: str | None = None) -> dict[str, str]:
+    ray_address = ray_address_for(cfg, ray_address)
+
     def mode(n: str) -> str:
         if remote:
             return "remote"
         if cfg.gpu_mode == "deployment" and n in cfg.gpu_stages:
             return "deployment"
-        return "ray" if ray_address or cfg.ray_address else "local"
+        return "ray" if ray_address else "local"
 
     return {n: mode(n) for n in stages}
 
@@ -841,7 +785,7 @@ def pipeline(
     ups = {n: [u for u in graph[n] if u in selected] for n in selected}
     task_ = run_stage.with_options(retries=cfg.retries, retry_delay_seconds=cfg.retry_delay_s)
     params = load_params(r / "params.yaml")
-    address = ray_address or cfg.ray_address
+    address = ray_address_for(cfg, ray_address)
     ray_cpus = float((params.get("llm") or {}).get("threads") or 1)
     if any(modes[n] == "ray" for n in selected):
         with RayJobs(address) as ray:  # an unreachable cluster fails here, once, naming its address
@@ -865,6 +809,26 @@ def pipeline(
         print(f"stages run here hold a slot of Prefect's global concurrency limit '{limit}' "
               + (f"({slots} slot(s))" if active else "(disabled on the server: it limits nothing)"))
 
+    # cancelled or interrupted (SIGINT, a Prefect cancel's SIGTERM) while stages run: this main thread gets the
+    # exception, the task threads running their commands do not; every stage's process group (and Ray job) is
+    # stopped before the run ends, and no retry starts one, so none runs on and writes its outs later
+    with stages_stopped_on_exit(print):
+        done, failed, skipped = _run_stages(task_, str(r), stages, selected, ups, cap, force, modes, cfg, commit,
+                                            address, ray_cpus, limit)
+    for n, rec in done.items():
+        print(f"{n}: done in {rec['seconds']} s ({modes[n]}, commit {rec.get('git_commit')})")
+    if failed:
+        msg = "; ".join(f"{n}: {e.splitlines()[0]}" for n, e in failed.items())
+        raise PipelineFailed(f"stage(s) failed: {msg}" + (f"; not run: {', '.join(skipped)}" if skipped else ""))
+    return {"plan": levels, "stages": done}
+
+
+def _run_stages(task_, root: str, stages: dict[str, lin.Stage], selected: list[str], ups: dict[str, list[str]],
+                cap: int, force: bool, modes: dict[str, str], cfg: PrefectParams, commit: str | None,
+                address: str | None, ray_cpus: float, limit: str | None
+                ) -> tuple[dict[str, dict], dict[str, str], list[str]]:
+    """Submit each selected stage once its upstreams are done, at most `cap` at once; (done records, failures,
+    stages skipped after a failed upstream)."""
     pending, running, futures = list(selected), {}, {}
     done: dict[str, dict] = {}
     failed: dict[str, str] = {}
@@ -876,7 +840,7 @@ def pipeline(
                 pending.remove(n)
             elif all(u in done for u in ups[n]) and len(running) < cap:
                 futures[n] = running[n] = task_.submit(
-                    str(r), stages, n, force, modes[n], cfg.gpu_deployment, commit, address, ray_cpus, limit,
+                    root, stages, n, force, modes[n], cfg.gpu_deployment, commit, address, ray_cpus, limit,
                     wait_for=[futures[u] for u in ups[n]]
                 )
                 pending.remove(n)
@@ -895,12 +859,7 @@ def pipeline(
                 failed[n] = f"ended {state.name}"
             except Exception as e:  # the task's own error, after its retries
                 failed[n] = str(e)
-    for n, rec in done.items():
-        print(f"{n}: done in {rec['seconds']} s ({modes[n]}, commit {rec.get('git_commit')})")
-    if failed:
-        msg = "; ".join(f"{n}: {e.splitlines()[0]}" for n, e in failed.items())
-        raise PipelineFailed(f"stage(s) failed: {msg}" + (f"; not run: {', '.join(skipped)}" if skipped else ""))
-    return {"plan": levels, "stages": done}
+    return done, failed, skipped
 
 
 def flow_for(root: str | Path):

@@ -193,8 +193,9 @@ def flow_run(
     single: bool = typer.Option(False, "--single", help="run only the named targets, not their upstreams"),
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", metavar="URL",
-        help="run the stages as Ray jobs on this cluster's job server (http://<head>:8265), which must share this "
-             "checkout's filesystem; default: params.yaml prefect.ray_address (null: run them here)"),
+        help="run the stages as Ray jobs on this cluster's job server (https://<head>:8265, or http:// on "
+             "loopback; docs/prefect.md), which must share this checkout's filesystem; default: params.yaml "
+             "prefect.ray_address (null: run them here)"),
 ) -> None:
     """Run the pipeline with Prefect (ephemeral local API, PREFECT_HOME=.prefect); exit 1 if a stage fails."""
     from ragteam.config import ParamsError

@@ -10,16 +10,30 @@ Submission ids are deterministic (`submission_id`), so a rerun finds its earlier
 SUCCEEDED (not run again) and waits on one PENDING/RUNNING (not run twice). After a FAILED/STOPPED one it submits
 attempt `<id>-2`, `<id>-3`, ...: Ray refuses an id it knows, and deleting the old job to reuse its id raced with its
 supervisor actor's teardown (the new job died with it) and appended the new log to the old one.
+
+Security: the address must be https, or plain http to a loopback host only (`check_address`): requests carry the
+job's command and environment and, where the cluster uses Ray's token authentication (`RAY_AUTH_MODE=token`, or a
+token present when the head node starts, in Ray 2.60), its token, which must not travel in clear over a network.
+The token is read as Ray's own clients read it (`auth_token`): $RAY_AUTH_TOKEN, else the file $RAY_AUTH_TOKEN_PATH,
+else ~/.ray/auth_token, and sent as `Authorization: Bearer <token>`. A job's runtime env is stored on the cluster
+and shown on its dashboard: `submit` refuses env vars that look like credentials (`is_secret_env`).
+
+Ray's own `JobSubmissionClient` would do the HTTP part, but it comes with `ray` itself, which the orchestrator
+environment cannot hold (the worker environment has it); this client needs httpx only.
 """
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
+import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -59,6 +73,96 @@ class JobResult:
     reused: bool       # True: an earlier submission with this id had already succeeded; nothing was run
 
 
+# Ray's token authentication, as its own clients find the token (ray/_private/authentication): the variable, then
+# the file the second one names, then ~/.ray/auth_token (what `ray get-auth-token --generate` writes)
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN_PATH = Path("~/.ray/auth_token")
+HOW_TO_PASS_TOKEN = (f"pass the cluster's token (`ray get-auth-token` on its head node) as ${TOKEN_ENV}, or in a file "
+                     f"named by ${TOKEN_PATH_ENV}, or in {DEFAULT_TOKEN_PATH}")
+
+# names of variables that hold credentials: never put in a job's runtime env. A part of the name (between "_")
+# that is a secret's word, or a cloud account's prefix; e.g. HF_TOKEN, DVC_STUDIO_TOKEN, RAGTEAM_API_KEY,
+# AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS (TOKENIZERS_PARALLELISM is not one)
+_SECRET_WORD = re.compile(r"(^|_)(TOKEN|TOKENS|KEY|KEYS|SECRET|SECRETS|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|"
+                          r"CREDENTIALS|AUTH|AUTHORIZATION|COOKIE|PRIVATE)(_|$)", re.I)
+_SECRET_PREFIXES = ("AWS_", "GOOGLE_", "GCP_", "GCLOUD_", "CLOUDSDK_", "AZURE_", "RAY_AUTH_", "MINIO_", "S3_",
+                    "GITHUB_", "GH_", "GIT_ASKPASS", "SSH_", "KUBE", "DOCKER_", "NETRC", "WANDB_", "OPENAI_",
+                    "ANTHROPIC_")
+_LOOPBACK_NAMES = ("localhost",)
+
+
+def is_secret_env(name: str) -> bool:
+    """Whether the environment variable `name` may hold a credential (a token, key, secret, password or a cloud
+    account's settings): such a variable never goes into a Ray job's runtime env."""
+    upper = name.upper()
+    return bool(_SECRET_WORD.search(upper)) or upper.startswith(_SECRET_PREFIXES)
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.lower().rstrip(".")
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_address(address: str) -> str:
+    """A job server address as requests go to it: `https://<host>[:port]`, or `http://` to a loopback host
+    (127.0.0.0/8, ::1, localhost) only; an address without a scheme is taken as http only where its host is a
+    loopback one. No user:password@, query or fragment. ValueError naming the address otherwise."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"Ray job server address {address!r}: empty; give https://<head>:8265")
+    raw = address.strip().rstrip("/")
+    url = raw if "://" in raw else "http://" + raw
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port   # .port raises ValueError on a bad port
+    except ValueError as e:
+        raise ValueError(f"Ray job server address {address!r}: not a URL ({e})") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise ValueError(f"Ray job server address {address!r}: must be https://<host>[:port] (or http:// to a "
+                         f"loopback host), not {parts.scheme}://")
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise ValueError(f"Ray job server address {address!r}: no user:password@, query or fragment (a token goes "
+                         f"in ${TOKEN_ENV})")
+    if parts.scheme == "http" and not _is_loopback(host):
+        if "://" not in raw:
+            raise ValueError(f"Ray job server address {address!r} has no scheme and {host} is not a loopback host: "
+                             f"write https://{raw} (requests would otherwise go in clear over the network)")
+        raise ValueError(f"Ray job server address {address!r}: plain http to {host}, which is not a loopback host; "
+                         f"use https (e.g. behind a TLS proxy), or an SSH tunnel to http://127.0.0.1:<port>: the job's "
+                         f"command, environment and token would go in clear over the network")
+    return url
+
+
+def auth_token(env: dict[str, str] | None = None) -> tuple[str | None, str]:
+    """(token, where it came from) as Ray's clients find it: ${TOKEN_ENV}, else the file ${TOKEN_PATH_ENV} names,
+    else ~/.ray/auth_token if it exists; (None, "") if none. ValueError naming the place if it is set but empty or
+    unreadable."""
+    env = os.environ if env is None else env
+    if env.get(TOKEN_ENV) is not None:
+        token = env[TOKEN_ENV].strip()
+        if not token:
+            raise ValueError(f"${TOKEN_ENV} is set but empty: {HOW_TO_PASS_TOKEN}")
+        return token, f"${TOKEN_ENV}"
+    if env.get(TOKEN_PATH_ENV):
+        path, where = Path(env[TOKEN_PATH_ENV]).expanduser(), f"${TOKEN_PATH_ENV} ({env[TOKEN_PATH_ENV]})"
+    else:
+        path, where = DEFAULT_TOKEN_PATH.expanduser(), str(DEFAULT_TOKEN_PATH)
+        if not path.is_file():
+            return None, ""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the Ray token file {path} named by {where}: {e}") from None
+    if not token:
+        raise ValueError(f"the Ray token file {path} ({where}) is empty: {HOW_TO_PASS_TOKEN}")
+    return token, where
+
+
 def submission_id(prefix: str, *parts: Any) -> str:
     """`<prefix>-<16 hex>`: the same prefix and parts (JSON-encoded) always give the same id. The prefix is cut to
     the characters Ray's dashboard and file names take well."""
@@ -72,14 +176,20 @@ def _first_line(text: str) -> str:
 
 
 class RayJobs:
-    """A client for one cluster's job server, e.g. `RayJobs("http://127.0.0.1:8265")`."""
+    """A client for one cluster's job server, e.g. `RayJobs("http://127.0.0.1:8265")` or
+    `RayJobs("https://head.example:8265")` (`check_address`). `token`: Ray's authentication token; default: as Ray's
+    clients find it (`auth_token`). RayJobError naming the address or the token's place if either is refused."""
 
-    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
-        address = address.strip().rstrip("/")
-        if "://" not in address:
-            address = "http://" + address
-        self.address = address
-        self._http = httpx.Client(base_url=address, timeout=timeout_s)
+    def __init__(self, address: str, timeout_s: float = 30.0, token: str | None = None) -> None:
+        try:
+            self.address = check_address(address)
+            self.token_from = "the token argument" if token else ""
+            if not token:
+                token, self.token_from = auth_token()
+        except ValueError as e:
+            raise RayJobError(str(e)) from None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.address, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -100,9 +210,11 @@ class RayJobs:
         if resp.status_code == 404 and missing_ok:
             return None
         if resp.status_code in (401, 403):
-            raise RayJobError(f"the Ray job server at {self.address} refused {method} {path} ({resp.status_code}): "
-                              f"its token authentication is on (Ray 2.60); start the cluster with "
-                              f"RAY_AUTH_MODE=disabled on a trusted network")
+            sent = (f"the token from {self.token_from} was refused: it is not this cluster's" if self.token_from
+                    else "no token was sent")
+            raise RayJobError(f"the Ray job server at {self.address} refused {method} {path} ({resp.status_code}: "
+                              f"{_first_line(resp.text)}): it requires Ray's token authentication and {sent}; "
+                              f"{HOW_TO_PASS_TOKEN}")
         if resp.status_code >= 400:
             raise RayJobError(f"the Ray job server at {self.address} answered {method} {path} with "
                               f"{resp.status_code}: {_first_line(resp.text)}")
@@ -128,6 +240,11 @@ class RayJobs:
         """Submit `entrypoint` (a shell command); returns the submission id. Does not wait. `entrypoint_num_cpus`:
         CPUs Ray reserves for the command (it waits PENDING until a node has them; by default it reserves none and
         runs on the head node)."""
+        secrets = sorted(k for k in ((runtime_env or {}).get("env_vars") or {}) if is_secret_env(k))
+        if secrets:  # Ray stores a job's runtime env on the cluster and shows it on the dashboard
+            raise RayJobError(f"not submitting {submission_id or 'a job'} to {self.address}: its runtime_env.env_vars "
+                              f"hold {', '.join(secrets)}, which look like credentials (Ray stores and shows a job's "
+                              f"runtime env); the cluster's nodes must have them of their own")
         body = {"entrypoint": entrypoint, "runtime_env": runtime_env or {}, "metadata": metadata or {}}
         if submission_id:
             body["submission_id"] = submission_id

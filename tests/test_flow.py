@@ -656,7 +656,7 @@ def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypa
                                                               "level 1: count [local] after make"]
     res = CliRunner().invoke(app, ["flow", "run", "nope"])
     assert res.exit_code == 1 and "unknown stage(s) ['nope']" in res.output
-    res = CliRunner().invoke(app, ["flow", "run", "--dry-run", "--ray-address", "http://head:8265", "count"])
+    res = CliRunner().invoke(app, ["flow", "run", "--dry-run", "--ray-address", "https://head:8265", "count"])
     assert res.exit_code == 0 and res.output.splitlines() == ["level 0: make [ray]", "level 1: count [ray] after make"]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["prefect"]["gpu_stages"] = ["nope"]
@@ -695,6 +695,27 @@ def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypa
     monkeypatch.setenv("RAGTEAM_RESULT_STORAGE", "ftp://host/x")
     with pytest.raises(ValueError, match="RAGTEAM_RESULT_STORAGE='ftp://host/x': a URL must be s3://"):
         flows_mod.result_storage_for(repo)
+
+
+def test_the_flow_refuses_a_plain_http_ray_address_before_running(flows_mod, tmp_path, monkeypatch):
+    """`prefect.ray_address` and `--ray-address` must be https, or http to a loopback host (issue 71: a Ray job's
+    command, environment and token went in clear to any host; tests/test_ray_secrets.py has the client's side)."""
+    from typer.testing import CliRunner
+
+    from ragteam.cli import app
+
+    repo = chain_repo(tmp_path / "toy", ray_address="http://head:8265")
+    with pytest.raises(flows_mod.ParamsError, match=r"prefect\.ray_address: .*plain http to head, which is not a "
+                                                    r"loopback host"):
+        flows_mod.describe_plan(repo)
+    repo = chain_repo(tmp_path / "toy2")
+    with pytest.raises(flows_mod.ParamsError, match=r"ray_address \(--ray-address\): .*'head:8265' has no scheme"):
+        flows_mod.describe_plan(repo, ray_address="head:8265")
+    monkeypatch.chdir(repo)
+    res = CliRunner().invoke(app, ["flow", "run", "--dry-run", "--ray-address", "http://head:8265", "count"])
+    assert res.exit_code == 1 and "plain http to head, which is not a loopback host" in res.output
+    res = CliRunner().invoke(app, ["flow", "run", "--dry-run", "--ray-address", "https://head:8265", "count"])
+    assert res.exit_code == 0 and res.output.splitlines() == ["level 0: make [ray]", "level 1: count [ray] after make"]
 
 
 def test_prefect_yaml_deployments_target_the_flow():
