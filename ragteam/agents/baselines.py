@@ -16,7 +16,7 @@ from pydantic import Field
 from ragteam.agents.core import LONG_ANSWER, clip_words, finish_episode, llm_step, new_episode, retrieve_step
 from ragteam.agents.ircot import IRCoTConfig
 from ragteam.agents.sure import SuReConfig
-from ragteam.agents.maps import is_stub, parse_answer
+from ragteam.agents.answer import is_stub, parse_answer
 from ragteam.config import Strict
 from ragteam.llm import Messages, Team
 from ragteam.records import Episode

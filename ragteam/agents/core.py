@@ -206,7 +206,7 @@ def llm_step(team: Team, role: str, episodes: Sequence[Episode], prompts: Sequen
     """One batched engine call for `role` over `episodes`; each gets an AgentCall with the parsed output.
 
     `parse` is one parser for every output, or one per episode (a parser that depends on the episode's state).
-    `continue_if` (answering roles: `maps.is_stub`): outputs it flags are continued (`continue_lead_ins`) before they
+    `continue_if` (answering roles: `answer.is_stub`): outputs it flags are continued (`continue_lead_ins`) before they
     are parsed; the call records the lead-in in `meta["lead_in"]`. An answering role's output that then still does
     not parse goes to the Team's answer fallback (`resample_no_answers`), recorded in `meta["resampled"]`.
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragteam.agents.core import LONG_ANSWER, FormatError, clip_words, first_line
-from ragteam.agents.maps import parse_answer as _maps_parse_answer
+from ragteam.agents.answer import parse_answer as _plain_answer
 from ragteam.llm import Messages
 from ragteam.retrieval.base import Hit
 
@@ -285,7 +285,7 @@ def fallback_filter(text: str) -> str:
 
 def fallback_answerer(text: str) -> str:
     got = salvage(text, "answer")
-    ans = _maps_parse_answer(got if got is not None else _TAG.sub(" ", _without_think(text)))
+    ans = _plain_answer(got if got is not None else _TAG.sub(" ", _without_think(text)))
     return "" if isinstance(ans, FormatError) else ans
 
 

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 
 from ragteam.agents.core import LONG_ANSWER, FormatError, clip_words, first_line
-from ragteam.agents.maps import parse_answer as _plain_answer
+from ragteam.agents.answer import parse_answer as _plain_answer
 from ragteam.llm import Messages
 from ragteam.retrieval.base import Hit
 

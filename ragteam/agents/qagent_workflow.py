@@ -31,7 +31,7 @@ from functools import partial
 
 from pydantic import Field
 
-from ragteam.agents import maps, qagent
+from ragteam.agents import answer, maps, qagent
 from ragteam.agents.core import QueryPool, add_to_pool, finish_episode, llm_step, new_episode, retrieve_step
 from ragteam.config import Strict
 from ragteam.llm import Messages, SamplingConfig, Team
@@ -71,7 +71,7 @@ def generator_step(team: Team, episodes: Sequence[Episode], passages: Sequence[S
                    passage_words: int | None = None, **meta) -> list[AgentCall]:
     """One batched call of the frozen generator over (q, K) of every episode (plug-in mode, stage-2 reward)."""
     prompts = [generator_messages(ep.question, k, passage_words) for ep, k in zip(episodes, passages)]
-    calls = llm_step(team, GENERATOR_ROLE, episodes, prompts, maps.parse_answer, continue_if=maps.is_stub, **meta)
+    calls = llm_step(team, GENERATOR_ROLE, episodes, prompts, answer.parse_answer, continue_if=answer.is_stub, **meta)
     for c, k in zip(calls, passages):
         c.meta["passages"] = len(k)
         if c.format_error is not None:
