@@ -127,6 +127,12 @@ def dvc(cwd: Path, *args: str) -> str:
     return sh([sys.executable, "-m", "dvc", *args], cwd)
 
 
+def _remote():
+    import flows.remote
+
+    return flows.remote
+
+
 def make_repo(path: Path, dvc_yaml: str, files: dict[str, str], params: dict, remote: Path | None = None) -> Path:
     """A committed git+dvc repo with analytics off (and a local default remote if given)."""
     path.mkdir(parents=True)
@@ -437,8 +443,9 @@ def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows
     declared uncached outs from a worker's record."""
     repo = chain_repo(tmp_path / "toy")
     fp = flows_mod
+    remote = _remote()
     stages = fp.lin.load_stages(repo)
-    assert fp.sendable_files(stages, ["count"]) == {"dvc.lock", "params.yaml"}
+    assert remote.sendable_files(stages, ["count"]) == {"dvc.lock", "params.yaml"}
     code = {p: (repo / p).read_text() for p in ("count.py", "dvc.yaml", "params.yaml")}
     for bad in ("count.py", "dvc.yaml", "./make.py", "data/raw/0.txt", "out/count.txt"):
         with pytest.raises(ValueError, match=f"refusing to write '{re.escape(bad)}'.*dvc.lock, params.yaml"):
@@ -446,7 +453,7 @@ def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows
                            files={"params.yaml": "toy: {n: 1}\n", bad: "import os; os.system('boom')\n"})
     assert {p: (repo / p).read_text() for p in code} == code          # refused before anything was written
     with pytest.raises(ValueError, match="inside the project"):
-        fp.write_files(repo, {"../escape.txt": "x"}, {"../escape.txt"})
+        remote.write_files(repo, {"../escape.txt": "x"}, {"../escape.txt"})
     new_params = code["params.yaml"].replace("scale: 2", "scale: 3")
     fp.pipeline.fn(root=str(repo), targets=["count"], upstream=False, dry_run=True,
                    files={"params.yaml": new_params, "dvc.lock": "schema: '2.0'\nstages: {}\n"})
@@ -454,7 +461,7 @@ def test_remote_run_files_are_limited_to_the_lock_params_and_declared_outs(flows
     record = {"stage": "count", "lock": {"cmd": "python count.py"},
               "files": {"metrics/count.json": "{}\n", "count.py": "evil\n"}}
     with pytest.raises(ValueError, match="refusing to write 'count.py'.*metrics/count.json, reports/count.md"):
-        fp.adopt_remote_result(repo, stages, record)
+        remote.adopt_remote_result(repo, stages, record)
     assert (repo / "count.py").read_text() == code["count.py"] and not (repo / "metrics/count.json").exists()
 
 
@@ -463,6 +470,7 @@ def test_a_training_stages_uncached_outs_travel_whole_curves_directory_and_png_i
     (bytes, not text) arrive whole; the directory is replaced, not merged into, and a path outside the stage's
     declared outs, or a body that is neither text nor base64, is refused before anything is written."""
     fp = flows_mod
+    remote = _remote()
     worker, here = tmp_path / "worker", tmp_path / "here"
     curves, png = "reports/training/train_judge", "reports/figures/train_judge.png"
     (worker / curves / "plots/metrics").mkdir(parents=True)
@@ -471,7 +479,7 @@ def test_a_training_stages_uncached_outs_travel_whole_curves_directory_and_png_i
     (worker / png).parent.mkdir(parents=True)
     figure = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
     (worker / png).write_bytes(figure)
-    files = fp.out_files(worker, [curves, png, "metrics/never_written.json"])
+    files = remote.out_files(worker, [curves, png, "metrics/never_written.json"])
     assert sorted(files) == [png, f"{curves}/metrics.json", f"{curves}/plots/metrics/loss.tsv"]
     assert files[png] == {"base64": base64.b64encode(figure).decode()}
     files = json.loads(json.dumps(files))                     # through the run's JSON result
@@ -489,41 +497,42 @@ def test_a_training_stages_uncached_outs_travel_whole_curves_directory_and_png_i
                       ("metrics/train_judge.json/x", "a file turned into a directory"),
                       (f"{curves}/metrics.json/x", "nor a file out that is not here yet")):
         with pytest.raises(ValueError, match="refusing to write|inside the project|does not decode|must be text"):
-            fp.write_files(here, {**files, bad: body}, outs,
+            remote.write_files(here, {**files, bad: body}, outs,
                            dirs={f"{curves}/plots/metrics", "metrics/train_judge.json"})
         assert not (here / png).exists()                     # checked before anything was written
     assert (here / "metrics/train_judge.json").read_text() == "{}"
-    fp.write_files(here, files, outs, dirs={f"{curves}/plots/metrics"})
+    remote.write_files(here, files, outs, dirs={f"{curves}/plots/metrics"})
     assert (here / png).read_bytes() == figure
     assert sorted(p.relative_to(here / curves).as_posix() for p in (here / curves).rglob("*") if p.is_file()) == [
         "metrics.json", "plots/metrics/loss.tsv"]              # stale.tsv went with the old directory
     (worker / curves / "plots/metrics/link.tsv").symlink_to(tmp_path / "outside.txt")
     with pytest.raises(ValueError, match="link.tsv is a symlink"):
-        fp.out_files(worker, [curves])
+        remote.out_files(worker, [curves])
     (worker / curves / "plots/metrics/link.tsv").unlink()
-    fp.MAX_SHIPPED_BYTES, cap = 100, fp.MAX_SHIPPED_BYTES
+    remote.MAX_SHIPPED_BYTES, cap = 100, remote.MAX_SHIPPED_BYTES
     try:
         with pytest.raises(ValueError, match=f"exceed 0 MiB \\({png}: 0 MiB\\): make it a cached out"):
-            fp.out_files(worker, [curves, png])
+            remote.out_files(worker, [curves, png])
     finally:
-        fp.MAX_SHIPPED_BYTES = cap
+        remote.MAX_SHIPPED_BYTES = cap
 
 
 def test_the_orchestrator_refuses_code_changes_a_gpu_worker_could_not_see(flows_mod, tmp_path):
     repo = chain_repo(tmp_path / "toy", gpu_stages=["count"], gpu_mode="deployment")
     fp = flows_mod
+    remote = _remote()
     stages = fp.lin.load_stages(repo)
     head = sh(["git", "rev-parse", "HEAD"], repo).strip()
     # shipped with the run (dvc.lock, params files), written by the pipeline (outs) or by dvc (.gitignore): fine
     (repo / "params.yaml").write_text((repo / "params.yaml").read_text() + "# edited\n")
     (repo / ".gitignore").write_text("/log/\n/x\n")
-    assert fp.orchestrator_commit(repo, stages) == head
+    assert remote.orchestrator_commit(repo, stages) == head
     (repo / "count.py").write_text(COUNT_PY + "# not committed\n")
-    with pytest.raises(fp.UncommittedChanges, match=f"uncommitted changes to count.py: .*commit {head}"):
-        fp.orchestrator_commit(repo, stages)
+    with pytest.raises(remote.UncommittedChanges, match=f"uncommitted changes to count.py: .*commit {head}"):
+        remote.orchestrator_commit(repo, stages)
     state = fp.pipeline(root=str(repo), return_state=True)          # refused before any stage runs
     assert state.is_failed()
-    with pytest.raises(fp.UncommittedChanges, match="count.py"):
+    with pytest.raises(remote.UncommittedChanges, match="count.py"):
         state.result()
     assert not (repo / "log").exists()
     with pytest.raises(ValueError, match="git_commit is for remote runs"):  # never detaches a working checkout
@@ -534,6 +543,7 @@ def test_the_orchestrator_refuses_code_changes_a_gpu_worker_could_not_see(flows_
 def test_a_worker_checks_out_the_orchestrators_commit_behind_its_branch_head(flows_mod, tmp_path):
     """A deployment clones the branch head, shallow; the flow fetches and detaches at the commit it was sent."""
     fp = flows_mod
+    remote = _remote()
     repo = chain_repo(tmp_path / "toy")
     commit_a = sh(["git", "rev-parse", "HEAD"], repo).strip()
     (repo / "count.py").write_text(COUNT_PY + "# B\n")
@@ -543,22 +553,23 @@ def test_a_worker_checks_out_the_orchestrators_commit_behind_its_branch_head(flo
     sh(["git", "clone", "-q", "--depth", "1", "--branch", "main", f"file://{repo}", str(clone)], tmp_path)
     with pytest.raises(Exception):
         sh(["git", "cat-file", "-e", f"{commit_a}^{{commit}}"], clone)  # not in the shallow clone
-    assert fp.checkout_commit(clone, commit_a) == commit_b
+    assert remote.checkout_commit(clone, commit_a) == commit_b
     assert sh(["git", "rev-parse", "HEAD"], clone).strip() == commit_a
     assert (clone / "count.py").read_text() == COUNT_PY
     assert fp.lin.git_head(clone) == commit_a                                      # what stage records name
-    assert fp.checkout_commit(clone, commit_a) == commit_a                         # already there: nothing to do
+    assert remote.checkout_commit(clone, commit_a) == commit_a                         # already there: nothing to do
     unknown = "0123456789abcdef0123456789abcdef01234567"
-    with pytest.raises(fp.CommitUnavailable, match=f"orchestrator's commit {unknown}: this clone is at {commit_a}"):
-        fp.checkout_commit(clone, unknown)
-    with pytest.raises(fp.CommitUnavailable, match="not a full commit hash"):
-        fp.checkout_commit(clone, "main")
+    with pytest.raises(remote.CommitUnavailable, match=f"orchestrator's commit {unknown}: this clone is at {commit_a}"):
+        remote.checkout_commit(clone, unknown)
+    with pytest.raises(remote.CommitUnavailable, match="not a full commit hash"):
+        remote.checkout_commit(clone, "main")
 
 
 def test_a_worker_runs_only_a_commit_of_its_branch_and_never_over_local_edits(flows_mod, tmp_path):
     """A hash alone does not choose the code: a commit the remote serves from another branch (a fork's, a pull
     request's) is refused, and so is checking out over uncommitted edits (a person's checkout, not a fresh clone)."""
     fp = flows_mod
+    remote = _remote()
     repo = chain_repo(tmp_path / "toy")
     main_head = sh(["git", "rev-parse", "HEAD"], repo).strip()
     sh(["git", "checkout", "-q", "-b", "side"], repo)
@@ -568,16 +579,16 @@ def test_a_worker_runs_only_a_commit_of_its_branch_and_never_over_local_edits(fl
     sh(["git", "checkout", "-q", "main"], repo)
     clone = tmp_path / "clone"
     sh(["git", "clone", "-q", "--depth", "1", "--branch", "main", f"file://{repo}", str(clone)], tmp_path)
-    with pytest.raises(fp.CommitUnavailable, match=f"{side} is not in the history of the branch this deployment "
+    with pytest.raises(remote.CommitUnavailable, match=f"{side} is not in the history of the branch this deployment "
                                                    f"clones \\(at {main_head}\\)"):
-        fp.checkout_commit(clone, side)
+        remote.checkout_commit(clone, side)
     assert sh(["git", "rev-parse", "HEAD"], clone).strip() == main_head                 # left where it was
     (repo / "make.py").write_text((repo / "make.py").read_text() + "# A2\n")
     sh(["git", "commit", "-qam", "A2"], repo)
     sh(["git", "-C", str(clone), "fetch", "-q", "origin", "main"], tmp_path)
     (clone / "count.py").write_text("edited by hand\n")
-    with pytest.raises(fp.CommitUnavailable, match="uncommitted changes to tracked files"):
-        fp.checkout_commit(clone, sh(["git", "rev-parse", "HEAD"], repo).strip())
+    with pytest.raises(remote.CommitUnavailable, match="uncommitted changes to tracked files"):
+        remote.checkout_commit(clone, sh(["git", "rev-parse", "HEAD"], repo).strip())
     assert (clone / "count.py").read_text() == "edited by hand\n"
 
 
@@ -587,14 +598,15 @@ def test_the_orchestrator_reads_a_workers_result_as_json_from_its_storage_only(f
     from types import SimpleNamespace as NS
 
     fp = flows_mod
+    remote = _remote()
     storage = tmp_path / "results"
     storage.mkdir()
     (storage / "k1").write_text(json.dumps({"stages": {"count": {"stage": "count"}}}))
     ok = NS(data=NS(storage_key=str(storage / "k1"), serializer=NS(type="json")))
-    assert fp.read_worker_result(ok, storage) == {"stages": {"count": {"stage": "count"}}}
+    assert remote.read_worker_result(ok, storage) == {"stages": {"count": {"stage": "count"}}}
     wrapped = {"metadata": {"serializer": {"type": "json"}}, "result": json.dumps({"stages": {}})}
     (storage / "k2").write_text(json.dumps(wrapped))
-    assert fp.read_worker_result(NS(data={"storage_key": "k2", "serializer": {"type": "json"}}), storage) == {
+    assert remote.read_worker_result(NS(data={"storage_key": "k2", "serializer": {"type": "json"}}), storage) == {
         "stages": {}}
     (tmp_path / "elsewhere").write_text("{}")
     for state, why in [(NS(data=NS(storage_key=str(storage / "k1"), serializer=NS(type="pickle"))), "'pickle', not json"),
@@ -604,7 +616,7 @@ def test_the_orchestrator_reads_a_workers_result_as_json_from_its_storage_only(f
                         "outside the result storage"),
                        (NS(data=None), "names no persisted result")]:
         with pytest.raises(ValueError, match=why):
-            fp.read_worker_result(state, storage)
+            remote.read_worker_result(state, storage)
 
 
 def test_results_persist_on_s3_and_the_orchestrator_reads_them_there(flows_mod, tmp_path, monkeypatch, s3_endpoint):
@@ -616,6 +628,7 @@ def test_results_persist_on_s3_and_the_orchestrator_reads_them_there(flows_mod, 
     import boto3
 
     fp = flows_mod
+    remote = _remote()
     for var, value in (("AWS_ACCESS_KEY_ID", KEY), ("AWS_SECRET_ACCESS_KEY", SECRET), ("AWS_ENDPOINT_URL", s3_endpoint),
                        ("AWS_DEFAULT_REGION", "us-east-1")):
         monkeypatch.setenv(var, value)
@@ -630,14 +643,14 @@ def test_results_persist_on_s3_and_the_orchestrator_reads_them_there(flows_mod, 
     with get_client(sync_client=True) as client:   # the run as the server has it, as a deployment run's is read
         state = client.read_flow_run(done.state_details.flow_run_id).state
     key = state.data.storage_key           # relative to the saved block's basepath: this storage
-    assert fp.read_worker_result(state, url) == {"plan": [["make"], ["count"]]}
+    assert remote.read_worker_result(state, url) == {"plan": [["make"], ["count"]]}
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id=KEY,
                       aws_secret_access_key=SECRET)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
     assert keys == [f"prefect-results/{key}"]
     for key in (f"s3://{BUCKET}/elsewhere/x", f"{url}/../elsewhere/x", f"{url}-other/x"):
         with pytest.raises(ValueError, match="outside the result storage"):
-            fp.read_worker_result(NS(data={"storage_key": key, "serializer": {"type": "json"}}), url)
+            remote.read_worker_result(NS(data={"storage_key": key, "serializer": {"type": "json"}}), url)
 
 
 def test_plan_and_param_validation_without_running(flows_mod, tmp_path, monkeypatch):
@@ -758,6 +771,7 @@ def test_an_untracked_module_a_stage_depends_on_is_refused_before_dispatch(flows
     """A new file under a stage's dep directory runs here but is missing from the worker's checkout of the commit:
     the orchestrator names it before any stage runs; untracked files no stage depends on are left alone."""
     fp = flows_mod
+    remote = _remote()
     dvc_yaml = CHAIN_DVC.replace("      - count.py\n", "      - count.py\n      - lib\n")
     repo = make_repo(tmp_path / "toy", dvc_yaml, {"make.py": MAKE_PY, "count.py": COUNT_PY, "lib/__init__.py": ""},
                      {"toy": {"n": 3, "scale": 2}, "prefect": prefect_section(gpu_stages=["count"],
@@ -766,10 +780,10 @@ def test_an_untracked_module_a_stage_depends_on_is_refused_before_dispatch(flows
     assert "lib" in stages["count"].deps
     head = sh(["git", "rev-parse", "HEAD"], repo).strip()
     (repo / "notes.txt").write_text("scratch\n")                       # no stage reads it
-    assert fp.orchestrator_commit(repo, stages) == head
+    assert remote.orchestrator_commit(repo, stages) == head
     (repo / "lib" / "helper.py").write_text("X = 1\n")                 # imported by a stage, never git-added
-    with pytest.raises(fp.UncommittedChanges, match=f"uncommitted changes to lib/helper.py: .*commit {head}"):
-        fp.orchestrator_commit(repo, stages)
+    with pytest.raises(remote.UncommittedChanges, match=f"uncommitted changes to lib/helper.py: .*commit {head}"):
+        remote.orchestrator_commit(repo, stages)
 
 
 # ---------------------------------------------------------------- Ray mode: stages as Ray jobs on a local cluster
