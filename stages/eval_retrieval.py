@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.io import DataError, write_json, write_metrics
 from ragteam.retrieval.config import RetrievalParams
 
@@ -90,7 +90,7 @@ def main() -> None:
     benches = sorted({b for per in metrics.values() for b in per})
     seconds = round(sum(m.get("seconds", 0.0) for per in metrics.values() for m in per.values()), 2)
     write_json(RUN, {"retrievers": list(metrics), "benchmarks": benches, "seconds": seconds,
-                     "environment": lineage_environment()})
+                     **run_record()})
     print(markdown_table(metrics, p.eval.ks))
 
 

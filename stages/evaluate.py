@@ -28,7 +28,7 @@ from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scor
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, compared_numbers, summary_path, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.environment import environment_line, lineage_environment
+from ragteam.environment import environment_line, run_record
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.records import write_episodes
 
@@ -175,7 +175,7 @@ def main() -> None:
     write_json(METRICS, metrics)
     write_json(RUN_RECORD, {"rows": list(metrics), "rows_left_out": left_out,
                             "questions": {n: int(m["avg"]["n"]) for n, m in metrics.items()},
-                            "seconds": round(time.perf_counter() - t0, 1), "environment": lineage_environment()})
+                            "seconds": round(time.perf_counter() - t0, 1), **run_record()})
     print(table_markdown(metrics, [b for b in next(iter(metrics.values())) if b != "avg"]))
 
 

@@ -19,7 +19,7 @@ from ragteam.eval.agents import ROLE, EvalAgentsConfig, report_markdown, run_age
 from ragteam.eval.evaluate import EvalConfig
 from ragteam.io import DataError, atomic_file, write_json, write_metrics
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.environment import environment_line, lineage_environment
+from ragteam.environment import environment_line, run_record
 from ragteam.llm.environment import ensure_engine_environment
 from stages.evaluate import BENCHMARKS, load_benchmarks
 
@@ -89,7 +89,7 @@ def main() -> None:
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         sys.exit(f"evaluate_agents FAILED: {e}")
     write_json(RUN_RECORD, {"agents": list(cfg.agents), "questions": int(summary["avg"]["n"]),
-                            "seconds": round(time.perf_counter() - t0, 1), "environment": lineage_environment()})
+                            "seconds": round(time.perf_counter() - t0, 1), **run_record()})
 
 
 if __name__ == "__main__":

@@ -9,14 +9,16 @@ import sys
 from pathlib import Path
 
 from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.io import DataError, atomic_dir, write_json
 from ragteam.retrieval.config import Bm25Params
+from ragteam.timing import timed
 
 CORPUS = Path("data/prepared/corpus.jsonl")
 OUT = Path("data/indexes/bm25")
 
 
+@timed("retrieval")
 def run(p: Bm25Params, backend: str, corpus: Path = CORPUS, out: Path = OUT) -> dict:
     if backend not in p.backends:
         raise ParamsError(f"params.yaml: retrieval.bm25.backends {p.backends} does not include {backend!r}")
@@ -42,7 +44,7 @@ def main() -> None:
         metrics = run(p, sys.argv[1])
     except (ParamsError, DataError) as e:
         sys.exit(f"index_bm25 FAILED: {e}")
-    write_json(f"metrics/index_bm25_{metrics['backend']}.json", {**metrics, "environment": lineage_environment()})
+    write_json(f"metrics/index_bm25_{metrics['backend']}.json", {**metrics, **run_record()})
     print(f"index_bm25: {metrics}")
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.io import DataError, atomic_dir, write_json
 from ragteam.retrieval.config import DenseParams
+from ragteam.timing import timed
 
 CORPUS = Path("data/prepared/corpus.jsonl")
 ENCODER = Path("models/encoder")
@@ -27,6 +28,7 @@ class EncoderSource(BaseModel):
     source: str
 
 
+@timed("retrieval")
 def run(p: DenseParams, source: str, corpus: Path = CORPUS, encoder_dir: Path = ENCODER, shards: Path = SHARDS,
         out: Path = OUT) -> dict:
     from ragteam.retrieval.dense import Encoder, FaissSpec, build_dense_index, resolve_convention
@@ -50,7 +52,7 @@ def main() -> None:
         metrics = run(p, src)
     except (ParamsError, DataError, ValueError) as e:
         sys.exit(f"index_dense FAILED: {e}")
-    write_json("metrics/index_dense.json", {**metrics, "environment": lineage_environment()})
+    write_json("metrics/index_dense.json", {**metrics, **run_record()})
     print(f"index_dense: {metrics}")
 
 

@@ -21,7 +21,7 @@ from ragteam.data.formats import load_qa
 from ragteam.data.validate import Limits, ValidationFailed, check_files
 from ragteam.io import DataError, atomic_dir, write_jsonl, write_metrics
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.train import synthesis
 from stages.common import AGENTS, SYNTHESIS, LabelJudgeParams, Timer, load_rows
@@ -108,7 +108,7 @@ def main() -> None:
     except (ParamsError, DataError, ValueError, EngineDead) as e:
         extra = " (previous data/judge left untouched)" if isinstance(e, (ValidationFailed, DataError)) else ""
         sys.exit(f"{STAGE} FAILED{extra}: {e}")
-    write_metrics(f"metrics/{STAGE}.json", {**metrics, "environment": lineage_environment()}, COMPARED)
+    write_metrics(f"metrics/{STAGE}.json", {**metrics, **run_record()}, COMPARED)
     print(f"{STAGE}: {metrics}")
 
 

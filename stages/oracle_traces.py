@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ragteam.config import ParamsError, load_params, parse_section
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.io import DataError, write_json
 from ragteam.llm import LLMConfig
 
@@ -57,7 +57,7 @@ def main() -> None:
         sys.exit(f"oracle_traces@{name} FAILED ({TRACES / name} left untouched): {e}")
     write_json(RUN_RECORD.format(system=name), {
         **{k: summary[k] for k in ("questions", "complete", "yield", "rows", "rows_per_role", "dropped")
-           if k in summary}, "environment": lineage_environment()})
+           if k in summary}, **run_record()})
     print(f"oracle_traces@{name}: {summary['complete']}/{summary['questions']} questions traced (yield "
           f"{summary['yield']}), {summary['rows']} rows {summary['rows_per_role']}; dropped "
           f"{summary['dropped'] or 'none'}", flush=True)

@@ -14,7 +14,7 @@ from pydantic import field_validator, model_validator
 from ragteam.config import Strict, load_params, parse_section
 from ragteam.data import sources
 from ragteam.data.validate import Limits, ValidationFailed, check_files
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.io import DataError, atomic_dir, sha256_file, write_json, write_jsonl
 
 OUT = Path("data/prepared")
@@ -175,7 +175,7 @@ def main() -> None:
         print(f"prepare_data FAILED (previous {OUT} left untouched; report: {REPORT}):\n{e}", file=sys.stderr)
         sys.exit(1)
     # the environment that ran it, for `ragteam lineage` (the libraries' versions: issue 26 §3)
-    write_json("metrics/prepare_data.json", {**metrics, "environment": lineage_environment()})
+    write_json("metrics/prepare_data.json", {**metrics, **run_record()})
     print(f"prepare_data: {metrics['rows']} in {metrics['seconds']} s")
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ragteam.config import ParamsError, Strict, load_params, parse_section
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.io import write_json
 from ragteam.models import ModelSourceError, Source, prepare_model
 
@@ -48,7 +48,7 @@ def main() -> None:
             metrics[name] = {"bytes": info["bytes"], "files": len(info["files"]), "seconds": info["seconds"]}
     except (ParamsError, ModelSourceError) as e:
         sys.exit(f"prepare_models FAILED: {e}")
-    write_json("metrics/prepare_models.json", {**metrics, "environment": lineage_environment()})
+    write_json("metrics/prepare_models.json", {**metrics, **run_record()})
 
 
 if __name__ == "__main__":

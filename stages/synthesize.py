@@ -16,7 +16,7 @@ from ragteam.data.formats import load_qa
 from ragteam.data.validate import Limits, ValidationFailed, check_files
 from ragteam.io import DataError, atomic_dir, write_json, write_jsonl
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.records import write_episodes
 from ragteam.train import synthesis
@@ -101,7 +101,7 @@ def main() -> None:
         extra = "" if not isinstance(e, ValidationFailed) else " (previous data/synthesis left untouched)"
         print(f"synthesize FAILED{extra}:\n{e}", file=sys.stderr)
         sys.exit(1)
-    write_json("metrics/synthesize.json", {**metrics, "environment": lineage_environment()})
+    write_json("metrics/synthesize.json", {**metrics, **run_record()})
     print(f"synthesize: {metrics}")
 
 

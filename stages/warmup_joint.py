@@ -20,7 +20,7 @@ from typing import Any
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.io import DataError, atomic_dir, write_json, write_metrics
 from ragteam.llm import LLMConfig
-from ragteam.environment import lineage_environment
+from ragteam.environment import run_record
 from ragteam.train.checkpoints import save_agent
 from ragteam.train.curves import curve_rows, is_wall_clock, summarize, write_curves
 from ragteam.train.model_card import model_card
@@ -131,7 +131,7 @@ def main() -> None:
         metrics = run(name, load_params())
     except (ParamsError, DataError, ValueError) as e:
         sys.exit(f"{stage} FAILED ({WARMUP_DIR / name} left untouched): {e}")
-    write_metrics(f"metrics/{stage}.json", {**metrics, "environment": lineage_environment()}, COMPARED)
+    write_metrics(f"metrics/{stage}.json", {**metrics, **run_record()}, COMPARED)
     print(f"{stage}: {metrics}", flush=True)
 
 

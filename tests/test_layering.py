@@ -12,7 +12,7 @@ MAX_LINES = 600
 
 # lowest first; a module may import its own layer and those before it
 LAYERS = [
-    {"io", "config", "records", "environment", "orchestration_env", "metrics"},   # leaves
+    {"io", "config", "records", "environment", "orchestration_env", "metrics", "timing"},   # leaves
     {"data", "llm", "models", "ray_jobs"},
     {"retrieval"},
     {"agents"},

@@ -14,6 +14,7 @@ from typing import Any
 from ragteam.llm import Completion, Messages, SamplingConfig, Team, call_seed
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit, Retriever
+from ragteam.timing import timed
 
 COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "retrieval_calls", "seconds")
 
@@ -257,6 +258,7 @@ def _as_list(xs, keep: bool):
     return None if xs is None or not keep else list(xs)
 
 
+@timed("retrieval")
 def retrieve_step(retriever: Retriever, episodes: Sequence[Episode], queries: Sequence[str], k: int
                   ) -> list[list[Hit]]:
     """One batched search over one query per episode; records the query and counts a retrieval call each."""

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
 from ragteam.llm import Completion, EngineConfig, Messages, SamplingConfig, chat_text, find_stop
+from ragteam.timing import timed
 
 
 _MIN_PREFIX = 16  # shorter shared prefixes are not worth a cache copy
@@ -31,6 +32,7 @@ def _device(name: str) -> str:
 
 
 class HFEngine:
+    @timed("engine_start")
     def __init__(self, model_path: str, cfg: EngineConfig, model=None, tokenizer=None):
         """Load `model_path`, or (a trainer's rollouts) generate with the given in-memory `model` / `tokenizer`."""
         if cfg.threads:
@@ -71,6 +73,7 @@ class HFEngine:
         return GenerationConfig(**kw)
 
     @torch.inference_mode()
+    @timed("generation")
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         """Sampling draws from the global torch RNG (transformers' `generate` has no generator argument): it is
         seeded with `sampling.seed` (else the engine's seed) inside `fork_rng`, so a call's samples depend only on
@@ -233,6 +236,7 @@ class HFPolicy:
         self.model_path, self._cfg, self._tok = self.engine.model_path, cfg, tokenizer
         self._base_loader, self._base = base_loader, None
 
+    @timed("generation")
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         return self.engine.generate(prompts, sampling)
 

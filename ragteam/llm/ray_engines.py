@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ragteam.llm import Completion, EngineConfig, EngineDead, Messages, SamplingConfig
 from ragteam.llm.vllm_backend import _LIVE, AdapterSwitch, check_adapter_dir, check_weights_dir, lora_rank_slot
+from ragteam.timing import timed
 
 _STARTED_HERE: dict[str, int] = {"open": 0}   # engine sets using the local cluster this process started
 
@@ -78,6 +79,7 @@ class RayEngines(AdapterSwitch):
     """`cfg.vllm.ray.engines` vLLM engines on `model_path`, each a Ray actor, behind the Engine interface and the
     weight-sync verbs of `VLLMEngine` (`load_lora`, `unload_lora`, `load_weights`, `adapter_off`, `close`)."""
 
+    @timed("engine_start")
     def __init__(self, model_path: str, cfg: EngineConfig, max_lora_rank: int | None = None):
         try:
             import ray
@@ -162,6 +164,7 @@ class RayEngines(AdapterSwitch):
         return self._get([getattr(a, method).remote(*args) for a in self._actors], method)
 
     # -- the Engine interface ---------------------------------------------------------------------------------------
+    @timed("generation")
     def generate(self, prompts: list[Messages], sampling: SamplingConfig) -> list[list[Completion]]:
         if self._closed:
             raise EngineDead(f"the vLLM engines on {self.model_path} were closed")

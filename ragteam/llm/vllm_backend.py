@@ -22,6 +22,7 @@ from pathlib import Path
 from ragteam.llm import (Completion, EngineConfig, EngineDead, Messages, SamplingConfig, call_seed,  # noqa: F401
                          continues_assistant)
 from ragteam.environment import runtime_environment
+from ragteam.timing import timed
 
 _DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks: max_lora_rank must be one
@@ -188,6 +189,7 @@ class AdapterSwitch:
 
 
 class VLLMEngine(AdapterSwitch):
+    @timed("engine_start")
     def __init__(self, model_path: str, cfg: EngineConfig, max_lora_rank: int | None = None):
         """`max_lora_rank` (a trainer's rollouts): enable LoRA adapters; `load_lora` then swaps the policy in."""
         try:
@@ -277,6 +279,7 @@ class VLLMEngine(AdapterSwitch):
             raise EngineDead(f"the vLLM engine on {self.model_path} has died (its log above has the cause); "
                              "it cannot be used again: restart the stage") from e
 
+    @timed("generation")
     def generate(self, prompts: list[Messages], sampling: SamplingConfig, *,
                  positions: list[int] | None = None) -> list[list[Completion]]:
         """Prompts ending in an assistant message are continued inside that turn (`continue_final_message`, as

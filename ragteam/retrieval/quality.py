@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from ragteam.eval.metrics import normalize_answer
 from ragteam.retrieval.base import Hit, Retriever
+from ragteam.timing import timed
 
 KS = (1, 3, 5, 10, 20)
 
@@ -29,6 +30,7 @@ def question_recall(hits: Sequence[Hit], golden_answers: Sequence[str], supporti
     return out
 
 
+@timed("retrieval")
 def retrieval_quality(retriever: Retriever, rows: Sequence[dict], *, ks: Sequence[int] = KS, batch_size: int = 64,
                       show_progress: bool = False) -> dict[str, float]:
     """Mean recall@k over QA rows (FlashRAG format); support recall averages the rows that carry titles."""

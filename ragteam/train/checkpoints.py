@@ -20,6 +20,7 @@ from typing import Any
 
 from ragteam.io import atomic_dir, write_json
 from ragteam.models import save_tokenizer
+from ragteam.timing import timed
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,7 @@ def step_timer():
     return StepTimer()
 
 
+@timed("training")
 def run_resumable(trainer: Any, resume_from: str | None) -> tuple[list[dict], int, float]:
     """trainer.train() from `resume_from` (or scratch); returns (log_history, global_step, seconds).
 

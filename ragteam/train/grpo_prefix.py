@@ -28,6 +28,7 @@ from ragteam.train.advantages import group_normalized
 from ragteam.train.checkpoints import (TrainResult, diverged, fingerprint, load_train_state, model_identity,
                                       prepare_resume, save_train_state)
 from ragteam.train.common import GRPOParams, GRPOSample, cpu_bf16, lora_config, model_params, validate_samples
+from ragteam.timing import timed
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def _group_logps(model, prompt_ids, comp, temperature: float):
     return torch.log_softmax(logits, -1).gather(-1, comp[..., None]).squeeze(-1)   # (G, L)
 
 
+@timed("training")
 def train_grpo_shared_prefix(
     samples: Sequence[GRPOSample | dict],
     model_path: str,

@@ -88,10 +88,12 @@ from ragteam.train.joint.batch import Sample, _questions, _select_with_refill, e
 from ragteam.train.joint.params import PPOParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.train.joint.update import _update
+from ragteam.timing import timed
 
 log = logging.getLogger(__name__)
 
 
+@timed("training")
 def train_joint_ppo(system: JointSystem, rows: Sequence[dict], model_path: str, ckpt_dir: str | Path,
                     p: PPOParams, engine_cfg: EngineConfig, sampling: dict[str, SamplingConfig] | None = None,
                     *, run_tag: dict[str, Any] | None = None,
