@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from ragteam.config import ParamsError, parse_section
+from ragteam.io import DataError
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import curve_rows
 from ragteam.train.maps import judge_samples, oversample_labels
@@ -26,10 +27,12 @@ def run(tp: TrainJudgeParams, llm: LLMConfig, orl: OpenRLHFParams | None = None)
         samples = oversample_labels(samples)
     print(f"{STAGE}: SFT on {len(samples)} labelled snapshots {dict(labels)}, backend {tp.backend}", flush=True)
     if tp.backend == "openrlhf":
-        from ragteam.train.openrlhf import prepare_sft_job
-
         if orl is None:
             raise ParamsError("train_judge.backend is openrlhf but params.yaml has no `openrlhf` section")
+        if orl.runner == "local":
+            return run_local(samples, labels, tp, llm, orl)
+        from ragteam.train.openrlhf import prepare_sft_job
+
         job = prepare_sft_job(samples, JOBS / STAGE, model_path=llm.model, output_dir=str(AGENTS / AGENT),
                               params=tp.sft, cluster=orl)
         run_openrlhf([job], STAGE, orl)
@@ -44,6 +47,34 @@ def run(tp: TrainJudgeParams, llm: LLMConfig, orl: OpenRLHFParams | None = None)
                        "balance": tp.balance,
                        **{f"label_{k.split()[0].lower()}": v for k, v in labels.items()}},
         title="judge agent (SFT)")
+
+
+def run_local(samples: list, labels: Counter, tp: TrainJudgeParams, llm: LLMConfig, orl: OpenRLHFParams) -> dict:
+    """openrlhf.runner local: `openrlhf.cli.train_sft` here, in .venv-openrlhf (one process; on the CPU where there
+    is no CUDA), its model read back and saved as the TRL judge is (models/agents/judge, same card, curves and
+    metrics), so the evaluation stages use it unchanged. A dry run writes the job and stops, as for Ray."""
+    from ragteam.train.openrlhf import (OpenRLHFFailed, load_local_sft, openrlhf_versions, prepare_local_sft_job,
+                                        run_local_sft)
+
+    job_dir = JOBS / STAGE
+    out = CHECKPOINTS / STAGE / "openrlhf_model"     # OpenRLHF's own save; models/agents/judge is written below
+    job = prepare_local_sft_job(samples, job_dir, model_path=llm.model, output_dir=str(out), params=tp.sft)
+    if orl.dry_run:
+        raise DataError(f"{STAGE}: openrlhf.dry_run is true: the local job is in {job_dir} (command.sh); set "
+                        f"openrlhf.dry_run false to run it")
+    try:
+        rows, seconds = run_local_sft(job)
+    except OpenRLHFFailed as e:
+        raise DataError(f"{STAGE}: local OpenRLHF SFT: {e}") from None
+    result = load_local_sft(out, llm.model, log_rows=rows, seconds=seconds, samples=len(samples), dtype=llm.dtype)
+    return finish_agent(
+        result, curve_rows(result.log_history), stage=STAGE, agent=AGENT, base_model=llm.model,
+        backend="openrlhf/sft (local, .venv-openrlhf)", data={"t3_judge": T3}, params=tp.model_dump(),
+        reward="SFT, cross-entropy on the response (the assistant turn) only: OpenRLHF SFTDataset's loss mask",
+        extra_metrics={"samples": len(samples), "balance": tp.balance,
+                       **{f"label_{k.split()[0].lower()}": v for k, v in labels.items()}},
+        session_metrics={"openrlhf_environment": openrlhf_versions()},
+        title="judge agent (SFT, OpenRLHF)")
 
 
 def from_params(params: dict) -> dict:

@@ -21,10 +21,10 @@ def test_both_suites_run_and_either_failing_fails_make_test(tmp_path, main_rc, w
     # the worker suite ends last when it fails and first when it passes: the exit status is not the last one's
     fake_python(tmp_path / ".venv/bin/python", "main", main_rc, sleep=0.5)
     fake_python(tmp_path / ".venv-worker/bin/python", "worker", worker_rc, sleep=1.0 if worker_rc else 0.0)
-    done = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "test", "BOTH_ENVS="], cwd=tmp_path,
+    done = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "test", "BOTH_ENVS=", "OPENRLHF_ENV="], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     out = done.stdout
-    assert "main suite ran: -m pytest -q --durations=15" in out
+    assert "main suite ran: -m pytest -q --durations=30" in out
     assert "worker suite ran: -m pytest -q --durations=15 --timeout=900 tests/worker" in out
     assert out.index("main suite ran") < out.index(f"tests/worker (.venv-worker), exit {worker_rc}") < \
         out.index("worker suite ran")
