@@ -84,3 +84,16 @@ def ask_params(tmp_path) -> Path:
     out = tmp_path / "params.yaml"
     out.write_text(yaml.safe_dump(p, sort_keys=False))
     return out
+
+
+# what makes a test slow: a real model (or the tiny one built from SmolLM2's tokenizer), the shared benchmark data,
+# a Prefect flow, a Ray cluster, a DVC project run through `dvc`. `make test-fast` (`-m "not slow"`) runs the rest,
+# the logic on small inputs, for the edit-test loop; `make test` (CI) runs everything.
+SLOW_FIXTURES = {"smollm2_dir", "minilm_dir", "tiny_llama", "shared_data", "flows_mod", "prefect_server",
+                 "ray_cluster", "ray_address", "s3_endpoint"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

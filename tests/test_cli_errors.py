@@ -48,6 +48,7 @@ def test_error_line_folds_whitespace_and_names_a_missing_file():
     assert error_line(ValueError()) == "ValueError"
 
 
+@pytest.mark.slow
 def test_a_missing_model_or_index_names_the_stage_that_makes_it(tmp_path):
     """A model directory or index a stage writes, missing (a fresh clone before `dvc repro` / `dvc pull`): one line
     naming the path, the param it came from and the fix, before any loader runs (transformers would try the hub)."""

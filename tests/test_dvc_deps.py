@@ -15,6 +15,7 @@ from code_deps import REPO, imported_files, missing_deps, stage_code_files, unus
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow
 def test_every_stage_declares_the_code_it_imports():
     files = stage_code_files(REPO)
     stages = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
@@ -24,11 +25,13 @@ def test_every_stage_declares_the_code_it_imports():
     assert not missing, "dvc.yaml deps miss code the stages import:\n" + "\n".join(missing)
 
 
+@pytest.mark.slow
 def test_declared_code_deps_are_code_the_stage_imports():
     unused = unused_code_deps(REPO)
     assert not unused, "dvc.yaml declares code deps the stages never import:\n" + "\n".join(unused)
 
 
+@pytest.mark.slow
 def test_train_answer_depends_on_the_answer_prompt_parser_and_metrics():
     """The issue's example: the answer prompt and parser (agents/maps.py) and the normaliser (eval/metrics.py)."""
     files = stage_code_files(REPO)

@@ -69,6 +69,7 @@ def test_a_temporary_experiment_reads_the_relative_mirror_beside_the_checkout(tm
     assert not (root / "metrics").exists()         # it ran in .dvc/tmp/exps, not in the workspace
 
 
+@pytest.mark.slow
 def test_queued_experiments_run_by_a_queue_worker_read_it_too(tmp_path):
     root = project(tmp_path)
     for scale in (3, 4):

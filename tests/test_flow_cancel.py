@@ -65,6 +65,7 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_cancelled_flow_stops_the_stage_and_its_output_never_appears(tmp_path, sig):
     """SIGINT (Ctrl-C, `kill -INT`) or SIGTERM (what a Prefect worker sends a flow run it cancels: Prefect's engine

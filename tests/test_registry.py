@@ -58,6 +58,7 @@ def repo(tmp_path) -> Path:
     return r
 
 
+@pytest.mark.slow
 def test_registered_versions_are_gto_tags_that_dvc_artifacts_get_fetches(repo, tmp_path):
     train(repo, 1)
     out = run([sys.executable, "-m", "ragteam.cli", "registry", "register", "answer-agent", "--repo", str(repo)],
@@ -96,6 +97,7 @@ def test_register_refuses_what_is_not_a_produced_artifact_or_not_a_version(repo,
     assert done.returncode == 1 and done.stderr.startswith("ERROR artifact 'nosuch'") and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_registry_list_and_get_name_a_user_mistake_in_one_line(repo, tmp_path):
     """An unknown artifact or version, or weights no cache or remote holds: one ERROR line with the fix, exit 1."""
     import shutil
@@ -188,6 +190,7 @@ def commit_run(repo: Path, w: int, *stages: str, n: int = 40) -> str:
     return run(["git", "rev-parse", "HEAD"], repo).strip()
 
 
+@pytest.mark.slow
 def test_registry_get_writes_a_release_card_with_the_evaluation_of_exactly_these_weights(repo, tmp_path):
     """The fetched copy's card carries the tagged commit's scores with intervals, in markdown and as model-index;
     a version whose evaluate ran on other weights, or on other params, is refused and leaves nothing behind."""

@@ -101,6 +101,7 @@ def test_distractors_share_names_and_attributes():
     assert "Film Festival" in fest and any(world.city_name(i) in fest for i in range(world.counts["city"]))
 
 
+@pytest.mark.slow
 def test_streams_a_million_passages_in_bounded_memory():
     world = World(1_000_000, seed=13)
     assert sum(world.counts.values()) == 1_000_000

@@ -83,6 +83,7 @@ def test_real_mirror_files_pass(shared_data):
     assert validate_file(shared_data / "benchmarks/hotpotqa/dev.jsonl", "benchmark", Limits((1, 1000))).success
 
 
+@pytest.mark.slow
 def test_cli_exit_codes(tmp_path):
     ok = _write(tmp_path, [GOOD_Q], "ok.jsonl")
     bad = _write(tmp_path, [GOOD_Q, GOOD_Q], "bad.jsonl")
