@@ -26,7 +26,7 @@ from ragteam.agents.core import QueryPool  # noqa: E402
 from ragteam.agents.maps import answer_messages  # noqa: E402
 from ragteam.data.formats import iter_corpus, load_qa  # noqa: E402
 from ragteam.data.synthetic import generate  # noqa: E402
-from ragteam.eval.metrics import answer_metrics  # noqa: E402
+from ragteam.metrics import answer_metrics  # noqa: E402
 from ragteam.retrieval.base import Hit  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"

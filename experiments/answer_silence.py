@@ -140,7 +140,7 @@ def continuation_probe(team, prompts: list, greedy: list, max_new: int, ks=(1, 2
 def _scored(stubs: list, texts: list[str]) -> dict:
     """Answered share of the stubs and F1 of the answers (percent) when each stub's text becomes `texts[i]`."""
     from ragteam.agents.maps import parse_answer
-    from ragteam.eval.metrics import f1_score
+    from ragteam.metrics import f1_score
 
     got, f1s = 0, []
     for (_, golds, _), full in zip(stubs, texts):

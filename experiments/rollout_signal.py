@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
-from ragteam.eval.metrics import f1_score  # noqa: E402
+from ragteam.metrics import f1_score  # noqa: E402
 from ragteam.io import write_json  # noqa: E402
 from ragteam.llm import LLMConfig, Team, call_seed, load_engine  # noqa: E402
 from ragteam.retrieval import open_retriever  # noqa: E402

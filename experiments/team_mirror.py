@@ -121,7 +121,7 @@ def write_scores(results: Path, out: Path) -> dict:
 
 def load_scores(scores_file: Path, system: str) -> tuple[list[str], dict[str, list[float]], list[int]]:
     """Question ids and per-question EM / F1 / no answer (0-1) of `system`, benchmarks in BENCHMARKS order."""
-    from ragteam.eval.metrics import has_answer
+    from ragteam.metrics import has_answer
 
     if not scores_file.is_file():
         sys.exit(f"{scores_file}: missing (run the seed's evaluate first)")
@@ -146,7 +146,7 @@ def top_answer(scores_file: Path, system: str) -> dict:
     same answer for unrelated questions, which no score column shows."""
     from collections import Counter
 
-    from ragteam.eval.metrics import normalize_answer
+    from ragteam.metrics import normalize_answer
 
     kept = json.loads(scores_file.read_text())[system]
     answers = [normalize_answer(r["answer"] or "") for b in BENCHMARKS for r in kept[b]]

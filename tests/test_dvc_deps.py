@@ -33,10 +33,10 @@ def test_declared_code_deps_are_code_the_stage_imports():
 
 @pytest.mark.slow
 def test_train_answer_depends_on_the_answer_prompt_parser_and_metrics():
-    """The issue's example: the answer prompt and parser (agents/maps.py) and the normaliser (eval/metrics.py)."""
+    """The issue's example: the answer prompt and parser (agents/maps.py) and the normaliser (ragteam/metrics.py)."""
     files = stage_code_files(REPO)
     for stage in ("train_answer", "train_query", "label_judge", "evaluate"):
-        assert {"ragteam/agents/maps.py", "ragteam/eval/metrics.py"} <= set(files[stage]), stage
+        assert {"ragteam/agents/maps.py", "ragteam/metrics.py"} <= set(files[stage]), stage
 
 
 def _toy(tmp_path, deps):

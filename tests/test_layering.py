@@ -25,8 +25,8 @@ LAYERS = [
     {"stages", "flows"},
     {"cli"},
 ]
-# module -> layer, by the first part of its name below ragteam (ragteam.eval.metrics is a leaf where it stands)
-SPECIAL = {"ragteam.eval.metrics": 0, "ragteam": 0}
+# module -> layer, by the first part of its name below ragteam
+SPECIAL = {"ragteam": 0}
 
 # imports that still run upward (importer, imported): to remove, not to add to
 KNOWN_UPWARD = {
@@ -68,7 +68,7 @@ def imports(path: Path) -> set[str]:
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
-            out |= {f"{node.module}.{a.name}" for a in node.names}   # `from ragteam.eval import metrics`
+            out |= {f"{node.module}.{a.name}" for a in node.names}   # `from ragteam.eval import evaluate`
     return {m for m in out if m.split(".")[0] in ("ragteam", "stages", "flows")}
 
 

@@ -1,7 +1,7 @@
 """FlashRAG-normalised EM / F1 / accuracy: the edge cases that decide Table 1 numbers."""
 import pytest
 
-from ragteam.eval.metrics import (accuracy, answer_metrics, contains_answer, exact_match, f1_score, normalize_answer,
+from ragteam.metrics import (accuracy, answer_metrics, contains_answer, exact_match, f1_score, normalize_answer,
                                   precision_score)
 
 

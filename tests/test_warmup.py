@@ -427,7 +427,7 @@ def _episode(qid: str, calls: list[tuple[str, str | None]], answer: str | None):
 
 
 def test_rollout_rates_count_questions_with_a_malformed_policy_call_and_each_roles_calls():
-    from ragteam.eval.metrics import has_answer
+    from ragteam.metrics import has_answer
     from ragteam.warmup.sft import rollout_rates
 
     P, F, A, S = D.PLANNER, D.FILTER, D.ANSWERER, D.SUMMARIZER

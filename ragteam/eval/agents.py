@@ -31,7 +31,7 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import Strict
 from ragteam.train.synthesis import sample_answers, single_retrieval_pools
 from ragteam.eval import stats
-from ragteam.eval.metrics import accuracy, exact_match, f1_score, has_answer
+from ragteam.metrics import accuracy, exact_match, f1_score, has_answer
 from ragteam.eval.stats import BootstrapConfig
 from ragteam.llm import EnginePool, SamplingConfig
 from ragteam.retrieval.base import Retriever

@@ -1,6 +1,6 @@
 """Evaluation: run configured systems on benchmark questions, score Episodes, aggregate accuracy and cost.
 
-Scores are FlashRAG's (`ragteam.eval.metrics`): EM, F1 and accuracy (gold contained in the prediction), each the
+Scores are FlashRAG's (`ragteam.metrics`): EM, F1 and accuracy (gold contained in the prediction), each the
 max over the golden answers; summaries report them in percent, like MAPS Table 1. DECOR systems (and every system
 with `eval.lj: all`) also get LJ, DECOR's judged answer equivalence, from the judge of `decor.judge`. Cost is per
 question: LLM calls, prompt and completion tokens, retrieval calls and wall seconds (see `ragteam.agents.core`); the
@@ -38,7 +38,7 @@ from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
 from ragteam.config import ParamsError, Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
-from ragteam.eval.metrics import answer_metrics, has_answer
+from ragteam.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragteam.eval.metrics import normalize_answer
+from ragteam.metrics import normalize_answer
 from ragteam.retrieval.base import Hit, Retriever
 from ragteam.timing import timed
 

@@ -5,7 +5,7 @@
     role reward      R_role^u ∈ {+1, −1} per Planner / Filter step and for the Answerer (0 = not judged)
     Eq. 3            R_total^u = α·R_team + β·R_role^u                                β = 1 − α unless set
 
-F1 is the project's one token F1 (`ragteam.eval.metrics`), max over the golden answers. `AgentCall.reward` of each
+F1 is the project's one token F1 (`ragteam.metrics`), max over the golden answers. `AgentCall.reward` of each
 policy call receives its step's R_total (α·R_team + β·R_role of that step); the estimator averages them per role and
 trajectory (`ragteam.train.decor_adv`). The summarizer's calls get no reward (it is frozen).
 
@@ -30,7 +30,7 @@ from typing import Protocol
 from ragteam.agents import decor
 from ragteam.agents.core import FormatError
 from ragteam.agents.decor_workflow import JUDGE_ROLE, DecorConfig, DecorRewardConfig
-from ragteam.eval.metrics import contains_answer, f1_score, normalize_answer
+from ragteam.metrics import contains_answer, f1_score, normalize_answer
 from ragteam.llm import Messages, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit

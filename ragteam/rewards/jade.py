@@ -4,7 +4,7 @@
     r_format^(t,k) = −p if call (t, k) breaks its format, else 0                  Eq. 7
     r_(t,k) = r_format^(t,k) + 𝕀(t = T ∧ k = K_T) · R_global                        Eq. 8
 
-F1 is the project's (`ragteam.eval.metrics`, FlashRAG normalisation, max over golden answers); a yes / no gold only
+F1 is the project's (`ragteam.metrics`, FlashRAG normalisation, max over golden answers); a yes / no gold only
 matches exactly, which is what the official code gets by scoring yes / no questions with EM. T counts reasoning
 rounds (planner calls, the first round included) and N_ret the retrieval actions, both from
 `Episode.meta["workflow"]` as `ragteam.agents.jade_workflow` records them. 𝒩 divides by the "pre-defined maximum
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ragteam.config import Strict
-from ragteam.eval.metrics import f1_score
+from ragteam.metrics import f1_score
 from ragteam.records import AgentCall, Episode
 
 

@@ -1,6 +1,6 @@
 """MAPS rewards (Sections 3.2-3.3), one function per equation, on the project's one EM / F1 / precision.
 
-EM, PR and F1 use FlashRAG's normalisation (`ragteam.eval.metrics`): lower case, no punctuation, no articles.
+EM, PR and F1 use FlashRAG's normalisation (`ragteam.metrics`): lower case, no punctuation, no articles.
 With several golden answers every term takes its max over them. That equals the max of the whole reward:
 EM = 1 for some gold implies PR = F1 = 1 for that gold, and otherwise EM is 0 for all of them.
 """
@@ -11,7 +11,7 @@ from typing import Literal
 
 from ragteam.agents.core import FormatError
 from ragteam.agents.maps import parse_answer
-from ragteam.eval.metrics import exact_match, f1_score, precision_score
+from ragteam.metrics import exact_match, f1_score, precision_score
 
 
 def length_penalty(y: str, max_words: int, min_words: int = 0) -> float:

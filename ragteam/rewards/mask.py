@@ -1,6 +1,6 @@
 """M-ASK turn-level rewards (paper §3.3, Eq. 2-3, Algorithm 1), one function per equation, on the project's one F1.
 
-F1 is FlashRAG's token F1 (`ragteam.eval.metrics.f1_score`: normalised, max over golden answers; a yes/no/noanswer
+F1 is FlashRAG's token F1 (`ragteam.metrics.f1_score`: normalised, max over golden answers; a yes/no/noanswer
 prediction or gold scores 0 unless it matches exactly, which is the official code's "EM for yes/no").
 
 `annotate_mask_episode` writes the reward of every call of a training-mode episode into `AgentCall.reward`; the
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ragteam.agents import mask as M
-from ragteam.eval.metrics import f1_score
+from ragteam.metrics import f1_score
 from ragteam.records import AgentCall, Episode
 
 

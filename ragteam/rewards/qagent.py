@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from ragteam.agents.core import clip_words
 from ragteam.agents.qagent_workflow import agent_calls, generator_step, knowledge
-from ragteam.eval.metrics import contains_answer, exact_match
+from ragteam.metrics import contains_answer, exact_match
 from ragteam.llm import Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Hit

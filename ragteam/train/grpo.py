@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from ragteam.eval.metrics import exact_match
+from ragteam.metrics import exact_match
 from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward
 from ragteam.train.checkpoints import TrainResult, fingerprint, model_identity, prepare_resume, run_resumable
 from ragteam.train.common import (GRPOParams, GRPOSample, Messages, device_args, lora_config, model_params,

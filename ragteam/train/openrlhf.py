@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ragteam.config import Strict
-from ragteam.eval.metrics import exact_match
+from ragteam.metrics import exact_match
 from ragteam.io import atomic_file, write_jsonl
 from ragteam.ray_jobs import RayJobs, submission_id
 from ragteam.rewards.maps import ANSWER_REWARDS, AnswerReward

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ragteam.agents import maps
 from ragteam.agents.core import QueryPool, continue_lead_ins
 from ragteam.agents.debate import DebateConfig, debate_snapshots, run_debate
-from ragteam.eval.metrics import accuracy, exact_match
+from ragteam.metrics import accuracy, exact_match
 from ragteam.llm import SamplingConfig, Team
 from ragteam.retrieval.base import Retriever
 

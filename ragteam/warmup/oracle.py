@@ -26,7 +26,7 @@ from typing import Any
 from ragteam.agents import mask as M
 from ragteam.agents import qagent as Q
 from ragteam.config import ParamsError, parse_section
-from ragteam.eval.metrics import contains_answer, exact_match
+from ragteam.metrics import contains_answer, exact_match
 from ragteam.llm import Completion, Messages, SamplingConfig, Team, chat_text, find_stop
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
@@ -199,7 +199,7 @@ def mask_top_reward(ep: Episode) -> list[float]:
     """Per call, the highest reward any output of its role could get in the state it acted in (Eq. 2-3): Planning
     and Answer 1; Search / Summary / Update of turn t 1 - F1(a_{t-1}) (F1(a_t) is at most 1); a Search that ends 0.
     With a_0 correct (the oracle's plan) the turn-level ones are 0: no search can raise a correct answer."""
-    from ragteam.eval.metrics import f1_score
+    from ragteam.metrics import f1_score
 
     answers = {int(c.meta["turn"]): c.meta["answer"] for c in ep.calls
                if c.role in (M.PLANNING, M.ANSWER) and not c.meta.get("final")}

@@ -227,7 +227,7 @@ class RolloutProbe:
       role (the question-level rate `evaluate` reports as `format_error_questions`, over the policy's roles: a frozen
       helper, DECOR's summarizer on the base model, is not what the warm-up trains);
     - `format_error/<role>`: the share of that role's calls that are malformed (a role that never ran is absent);
-    - `no_answer_rate`: the share of questions whose final answer is empty (`ragteam.eval.metrics.has_answer`).
+    - `no_answer_rate`: the share of questions whose final answer is empty (`ragteam.metrics.has_answer`).
     Policy roles generate with the trainer's model (adapter applied), other roles with the start model, loaded once.
     Greedy: every role's `llm.sampling` at temperature 0, with what the workflow adds to it (QAgent's stop strings).
     The model is put in eval mode for the probe and back in train mode after."""
@@ -269,7 +269,7 @@ class RolloutProbe:
             model.train(was_training)
 
     def __call__(self, model) -> dict[str, float]:
-        from ragteam.eval.metrics import has_answer
+        from ragteam.metrics import has_answer
 
         return rollout_rates(self.episodes(model), self.system.roles, has_answer, self)
 

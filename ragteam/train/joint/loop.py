@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from ragteam.config import ParamsError
-from ragteam.eval.metrics import f1_score
+from ragteam.metrics import f1_score
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.llm.policy import Rollouts, policy_engine
 from ragteam.records import Episode
