@@ -147,13 +147,24 @@ def stop_all_groups(log=None) -> None:
         say(f"stopped {len(procs)} running stage command(s) (process groups {', '.join(str(p.pid) for p in procs)})")
 
 
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"{signal.Signals(signum).name}")
+
+
 @contextmanager
 def stages_stopped_on_exit(log=None) -> Iterator[None]:
     """Run stages inside: if the block ends by an exception (KeyboardInterrupt from SIGINT, Prefect's
     TerminationSignal on a cancel's SIGTERM, an error), no stage command starts any more (`Cancelled`) and every
-    running one is stopped (`stop_all_groups`) before the exception goes on."""
+    running one is stopped (`stop_all_groups`) before the exception goes on. SIGHUP (a closed terminal or SSH
+    session) and SIGQUIT end the block as SIGINT does: their default would end this process at once and leave the
+    stages, which run in sessions of their own, running. (A SIGKILL leaves no chance: each group's watchdog stops
+    it then, `_start_watchdog`.)"""
     with _live_lock:
         _cancelled.clear()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGHUP, signal.SIGQUIT):
+            previous[sig] = signal.signal(sig, _interrupt)
     try:
         yield
     except BaseException:
@@ -161,6 +172,43 @@ def stages_stopped_on_exit(log=None) -> Iterator[None]:
             _cancelled.set()
         stop_all_groups(log)
         raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# A process per running group, in a session of its own, that outlives this one: when this process is gone (killed
+# with SIGKILL, which no handler sees) it stops the group as `stop_process_group` would; it exits with the group.
+_WATCHDOG = """\
+import os, signal, sys, time
+parent, pgid, grace_int, grace_term = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+def alive(pg):
+    try:
+        os.killpg(pg, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+while alive(pgid):
+    if os.getppid() != parent:      # the orchestrator is gone: this process was handed to init
+        for sig, grace in ((signal.SIGINT, grace_int), (signal.SIGTERM, grace_term), (signal.SIGKILL, 0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + grace
+            while alive(pgid) and time.monotonic() < end:
+                time.sleep(0.1)
+        break
+    time.sleep(0.5)
+"""
+
+
+def _start_watchdog(pgid: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(pgid), str(STOP_GRACE_INT_S),
+                             str(STOP_GRACE_TERM_S)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def run_command(args: list[str], root: Path, log=None) -> tuple[int, str]:
@@ -173,6 +221,7 @@ def run_command(args: list[str], root: Path, log=None) -> tuple[int, str]:
         proc = subprocess.Popen(args, cwd=root, env=subprocess_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         _live[proc.pid] = proc
+    watchdog = _start_watchdog(proc.pid)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -191,6 +240,11 @@ def run_command(args: list[str], root: Path, log=None) -> tuple[int, str]:
             proc.stdout.close()
         with _live_lock:
             _live.pop(proc.pid, None)
+        try:   # it exits by itself within half a second of the group; do not leave a zombie
+            watchdog.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
 
 
 # ---------------------------------------------------------------- dvc
@@ -235,7 +289,7 @@ def ray_job_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The allow-listed part of `env` (default: what `repro` would give the stage, `subprocess_env`)."""
     env = subprocess_env() if env is None else env
     keep = {k: v for k, v in env.items()
-            if (k in RAY_JOB_ENV_NAMES or k.startswith(RAY_JOB_ENV_PREFIXES)) and not is_secret_env(k)}
+            if (k in RAY_JOB_ENV_NAMES or k.startswith(RAY_JOB_ENV_PREFIXES)) and not is_secret_env(k, v)}
     return {**keep, "PYTHONUNBUFFERED": "1"}
 
 

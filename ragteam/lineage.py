@@ -286,7 +286,7 @@ def experiment_commit(root: str | Path, name: str) -> str:
                            f"name one by its commit")
     if hits:
         return hits[0]
-    sha = _git(root, "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
+    sha = _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{name}^{{commit}}")
     if not sha:
         raise LineageError(f"{name}: neither a DVC experiment here (`dvc exp list`) nor a git revision")
     return sha

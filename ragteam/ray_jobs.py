@@ -85,23 +85,33 @@ HOW_TO_PASS_TOKEN = (f"pass the cluster's token (`ray get-auth-token` on its hea
 # that is a secret's word, or a cloud account's prefix; e.g. HF_TOKEN, DVC_STUDIO_TOKEN, RAGTEAM_API_KEY,
 # AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS (TOKENIZERS_PARALLELISM is not one)
 _SECRET_WORD = re.compile(r"(^|_)(TOKEN|TOKENS|KEY|KEYS|SECRET|SECRETS|PASSWORD|PASSWD|PASS|PWD|CREDENTIAL|"
-                          r"CREDENTIALS|AUTH|AUTHORIZATION|COOKIE|PRIVATE)(_|$)", re.I)
+                          r"CREDENTIALS|AUTH|AUTHORIZATION|COOKIE|PRIVATE|PAT|JWT|BEARER|CERT|CERTS)(_|$)", re.I)
+# ... and the same words run together with others (HF_HUB_ACCESSTOKEN, RAGTEAM_APIKEY, *_PASSPHRASE, *_SECRETKEY);
+# TOKENIZERS (TOKENIZERS_PARALLELISM) is the one word that holds one of them and is no credential
+_SECRET_PART = re.compile(r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|APIKEY|ACCESSKEY|PRIVATEKEY|SIGNINGKEY|"
+                          r"CREDENTIAL|BEARER|JWT|COOKIE|SESSIONID", re.I)
+# a value that is a URL with user:password@ (HF_ENDPOINT, *_DATABASE_URL) carries its credential in the clear
+_URL_WITH_USERINFO = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.I)
 _SECRET_PREFIXES = ("AWS_", "GOOGLE_", "GCP_", "GCLOUD_", "CLOUDSDK_", "AZURE_", "RAY_AUTH_", "MINIO_", "S3_",
                     "GITHUB_", "GH_", "GIT_ASKPASS", "SSH_", "KUBE", "DOCKER_", "NETRC", "WANDB_", "OPENAI_",
                     "ANTHROPIC_")
 _LOOPBACK_NAMES = ("localhost",)
 
 
-def is_secret_env(name: str) -> bool:
-    """Whether the environment variable `name` may hold a credential (a token, key, secret, password or a cloud
-    account's settings): such a variable never goes into a Ray job's runtime env."""
+def is_secret_env(name: str, value: str | None = None) -> bool:
+    """Whether the environment variable `name` (with `value`, when given) may hold a credential: a token, key,
+    secret, password, a cloud account's settings, or a URL with user:password@. Such a variable never goes into a
+    Ray job's runtime env."""
     upper = name.upper()
-    return bool(_SECRET_WORD.search(upper)) or upper.startswith(_SECRET_PREFIXES)
+    return (bool(_SECRET_WORD.search(upper) or _SECRET_PART.search(upper)) or upper.startswith(_SECRET_PREFIXES)
+            or (value is not None and bool(_URL_WITH_USERINFO.search(value))))
 
 
 def _is_loopback(host: str) -> bool:
-    host = host.lower().rstrip(".")
-    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+    """A literal loopback address, or exactly `localhost`: not `localhost.`, `x.localhost` or `127.0.0.1.`, names
+    a resolver may send to DNS, whose answer would then decide where the command and the token go in clear."""
+    host = host.lower()
+    if host in _LOOPBACK_NAMES:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -240,7 +250,7 @@ class RayJobs:
         """Submit `entrypoint` (a shell command); returns the submission id. Does not wait. `entrypoint_num_cpus`:
         CPUs Ray reserves for the command (it waits PENDING until a node has them; by default it reserves none and
         runs on the head node)."""
-        secrets = sorted(k for k in ((runtime_env or {}).get("env_vars") or {}) if is_secret_env(k))
+        secrets = sorted(k for k, v in ((runtime_env or {}).get("env_vars") or {}).items() if is_secret_env(k, str(v)))
         if secrets:  # Ray stores a job's runtime env on the cluster and shows it on the dashboard
             raise RayJobError(f"not submitting {submission_id or 'a job'} to {self.address}: its runtime_env.env_vars "
                               f"hold {', '.join(secrets)}, which look like credentials (Ray stores and shows a job's "

@@ -58,7 +58,7 @@ def register(root: str | Path, artifact: str, version: str | None = None, rev: s
     from gto.exceptions import GTOException
 
     r = Path(root).resolve()
-    commit = _git(r, "rev-parse", "--verify", f"{rev}^{{commit}}")
+    commit = _git(r, "rev-parse", "--verify", "--end-of-options", f"{rev}^{{commit}}")
     if commit.returncode:
         raise RegistryError(f"{r}: {rev!r} is not a commit")
     commit_sha = commit.stdout.strip()

@@ -75,6 +75,6 @@ else
 fi
 locked "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .   # setuptools from the lock, not the index
 # the engine path must import here: fail the setup, not the first stage that uses it
-"$VENV/bin/python" -c "import vllm, ragteam.llm.vllm_backend, ragteam.llm.hf, ragteam.llm.policy, ragteam.train.ppo"
+"$VENV/bin/python" -c "import vllm, ragteam.llm.vllm_backend, ragteam.llm.hf, ragteam.llm.policy, ragteam.train.joint.loop"
 touch "$VENV/.ragteam-editable" "$stamp"
 echo "setup-worker: done in $(( $(date +%s) - start )) s; $VENV is $(du -sh "$VENV" | cut -f1)"

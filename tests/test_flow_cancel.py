@@ -66,10 +66,12 @@ def group_members(pgid: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP", "SIGKILL"])
 def test_a_cancelled_flow_stops_the_stage_and_its_output_never_appears(tmp_path, sig):
-    """SIGINT (Ctrl-C, `kill -INT`) or SIGTERM (what a Prefect worker sends a flow run it cancels: Prefect's engine
-    turns it into TerminationSignal) to a running `ragteam flow run` whose stage sleeps, then writes its out."""
+    """SIGINT (Ctrl-C, `kill -INT`), SIGTERM (what a Prefect worker sends a flow run it cancels: Prefect's engine
+    turns it into TerminationSignal), SIGHUP (a closed terminal) or SIGKILL (no handler runs: the watchdog acts) to
+    a running `ragteam flow run` whose stage sleeps, then writes its out."""
     repo = make_repo(tmp_path / "toy", SLOW_DVC, {"slow.py": SLOW_PY}, {"prefect": prefect_section(retries=2)})
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), RAGTEAM_RESULT_STORAGE=str(tmp_path / "results"),
@@ -100,7 +102,10 @@ def test_a_cancelled_flow_stops_the_stage_and_its_output_never_appears(tmp_path,
             log_tail = (tmp_path / 'flow.log').read_text()[-3000:]
             pytest.fail(f"the flow still runs {SLOW_S} s after {sig.name}:\n{log_tail}")
         assert rc != 0
-        # stopped within the grace periods (plus Prefect's own shutdown), not when the stage would have ended
+        # stopped within the grace periods (plus Prefect's own shutdown), not when the stage would have ended;
+        # after a SIGKILL the orchestrator is gone at once and the group's watchdog stops the stage
+        while sig == signal.SIGKILL and group_members(stage_pgid) and time.monotonic() - t0 < SLOW_S:
+            time.sleep(0.1)
         assert time.monotonic() - t0 < sp.STOP_GRACE_INT_S + sp.STOP_GRACE_TERM_S + 5
         # when the orchestrator has exited, nothing of the stage runs on
         assert not alive(stage_pid), f"stage process {stage_pid} still runs after the flow was cancelled"

@@ -167,6 +167,10 @@ def test_secret_names():
     ("ray://head:10001", "must be https://<host>\\[:port\\] \\(or http:// to a loopback host\\), not ray://"),
     ("http://me:pw@127.0.0.1:8265", "no user:password@, query or fragment"),
     ("", "empty"),
+    # names a resolver may send to DNS (review of the guards): not literal loopback, so not plain http
+    ("http://evil.localhost:8265", "plain http to evil.localhost, which is not a loopback host"),
+    ("http://localhost.:8265", "plain http to localhost., which is not a loopback host"),
+    ("http://127.0.0.1.:8265", "plain http to 127.0.0.1., which is not a loopback host"),
 ])
 def test_an_address_that_would_go_in_clear_to_another_host_is_refused_naming_it(clean_env, address, why):
     with pytest.raises(RayJobError, match=f"^Ray job server address .*{why}"):
@@ -227,3 +231,18 @@ def test_token_auth_token_from_the_variable_or_a_file_and_a_refusal_says_how_to_
     with pytest.raises(RayJobError, match=f"cannot read the Ray token file {clean_env / 'missing'} named by "
                                           r"\$RAY_AUTH_TOKEN_PATH"):
         RayJobs("http://127.0.0.1:8265")
+
+
+def test_credentials_whose_words_run_together_or_that_hide_in_a_url_are_caught():
+    """Review of the guards: joined words (APIKEY, ACCESSTOKEN, PASSPHRASE...) and URLs with user:password@
+    slipped through under an allowed prefix."""
+    joined = ["RAGTEAM_APIKEY", "HF_APIKEY", "RAGTEAM_APITOKEN", "HF_HUB_ACCESSTOKEN", "DVC_STUDIO_ACCESSTOKEN",
+              "RAGTEAM_SECRETKEY", "RAGTEAM_PRIVATEKEY", "RAGTEAM_DB_PASSPHRASE", "RAGTEAM_JWT", "RAGTEAM_BEARER",
+              "RAGTEAM_PAT"]
+    for name in joined:
+        assert is_secret_env(name), name
+    env = {**{n: "x" for n in joined}, "HF_ENDPOINT": "https://user:pw@hf.internal", "RAGTEAM_DB": "ok",
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PATH": "/bin"}
+    assert set(sp.ray_job_env(env)) == {"RAGTEAM_DB", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "PATH",
+                                        "PYTHONUNBUFFERED"}
+    assert not is_secret_env("HF_ENDPOINT", "https://hf.internal")

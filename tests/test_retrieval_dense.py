@@ -231,3 +231,22 @@ def test_a_changed_model_of_the_same_size_and_name_is_not_taken_for_the_old_one(
     assert (load_shards(paths) == 2.0).all()
     again = _StubEncoder(model)
     assert encode_corpus(corpus, again, shard_dir, shard_size=5, show_progress=False)[1] == 0   # unchanged: reused
+
+
+def test_a_changed_tokenizer_or_pooling_config_changes_the_fingerprint(small_corpus, tmp_path):
+    """Review of the guards: only the weight files were hashed, so a new tokenizer.json or pooling config reused the
+    shards the old one had encoded."""
+    from ragteam.retrieval.dense import encoding_fingerprint
+
+    model = tmp_path / "m"
+    (model / "1_Pooling").mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"\x01" * 64)
+    (model / "tokenizer.json").write_text('{"v": 1}')
+    (model / "1_Pooling/config.json").write_text('{"mean": true}')
+    corpus = Corpus(small_corpus)
+    before = encoding_fingerprint(corpus, _StubEncoder(model))
+    (model / "tokenizer.json").write_text('{"v": 2}')
+    after_tok = encoding_fingerprint(corpus, _StubEncoder(model))
+    (model / "1_Pooling/config.json").write_text('{"mean": false}')
+    after_pool = encoding_fingerprint(corpus, _StubEncoder(model))
+    assert before != after_tok != after_pool != before

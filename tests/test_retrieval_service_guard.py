@@ -252,3 +252,98 @@ def test_a_loopback_service_answers_loopback_host_names_only(retriever):
                           headers={"Host": f"localhost:{port}"}).status_code == 200
         assert httpx.post(url + "/retrieve", json={"queries": [Q]},
                           headers={"Host": f"rebound.example:{port}"}).status_code == 400
+
+
+def test_a_stalled_second_request_and_a_trickled_body_are_cut_off_too(retriever):
+    """Review of the guards: the head of a second request on a kept-alive connection, sent a byte at a time, and a
+    body sent a byte every half second each held their slot for good (the deadline was the first head's only, and
+    per body chunk)."""
+    with serve_in_thread(create_app(retriever, LIMITS), limits=LIMITS) as url:
+        host = urlparse(url).netloc.encode()
+        s = _stalled(url, b"GET /health HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+        first = s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        t0 = time.perf_counter()
+        closed = False
+        for byte in b"GET /health HTTP/1.1\r\n":       # the next head, a byte every 0.3 s
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            s.settimeout(0.3)
+            try:
+                if s.recv(65536) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                pass
+        assert closed and time.perf_counter() - t0 < LIMITS.header_timeout_s + 2
+        b = _stalled(url, b"POST /retrieve HTTP/1.1\r\nHost: " + host + b"\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 200\r\n\r\n")
+        t0 = time.perf_counter()
+        got = b""
+        b.settimeout(0.5)
+        for _ in range(20):                              # 20 bytes, one every 0.5 s: within no chunk timeout
+            try:
+                b.sendall(b" ")
+                got = b.recv(65536)
+                if got:
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+        assert got.startswith(b"HTTP/1.1 408"), got[:100]
+        assert time.perf_counter() - t0 < LIMITS.body_timeout_s + 2
+
+
+def test_one_client_cannot_take_every_connection(retriever):
+    limits = ServiceLimits(max_queries=8, max_query_chars=200, max_topk=20, max_connections=40,
+                           max_connections_per_client=10, header_timeout_s=30)
+    with serve_in_thread(create_app(retriever, limits), limits=limits) as url:
+        u = urlparse(url)
+        held = [socket.create_connection((u.hostname, u.port), timeout=5) for _ in range(10)]
+        extra = socket.create_connection((u.hostname, u.port), timeout=5)
+        assert extra.recv(10) == b""                    # the 11th from this address is closed at once
+        for s in held:
+            s.close()
+        time.sleep(0.2)
+        assert httpx.post(url + "/retrieve", json={"queries": [Q]}).status_code == 200
+
+
+def test_a_body_of_millions_of_items_under_the_cap_is_refused_by_its_length(retriever):
+    """Review of the guards: 3M integers in 6.2 MB (under the cap) took 34 s and 3.7 GB to validate item by item."""
+    limits = ServiceLimits()
+    body = b'{"queries": [' + b",".join(b"1" for _ in range(3_000_000)) + b"]}"
+    assert len(body) <= limits.max_body_bytes
+    keys = b'{"queries": ["q"], ' + b", ".join(b'"k%d": 1' % i for i in range(400_000)) + b"}"
+    with serve_in_thread(create_app(retriever, limits), limits=limits) as url:
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/retrieve", content=body, headers={"content-type": "application/json"}, timeout=60)
+        took = time.perf_counter() - t0
+        r2 = httpx.post(url + "/retrieve", content=keys, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 422 and took < 3, (r.status_code, took)
+    assert r.json()["detail"][0]["limit"] == "max_queries" and len(r.content) < 500
+    assert r2.status_code == 422 and r2.json()["errors"] == 400_000 and len(r2.json()["detail"]) == 10
+
+
+def test_the_answer_size_is_capped_and_big_numbers_are_not_echoed(client):
+    r = client.post("/retrieve", json={"queries": ["q"] * 8, "topk": 20})
+    assert r.status_code == 200                          # 160 results: under max_results
+    small = ServiceLimits(max_queries=8, max_query_chars=200, max_topk=20, max_results=50)
+    with TestClient(create_app(client.app.state.batcher.retriever, small)) as c:
+        r = c.post("/retrieve", json={"queries": ["q"] * 8, "topk": 20})
+        assert r.status_code == 422 and "max_results=50" in r.json()["detail"][0]["msg"]
+        huge = c.post("/retrieve", content=b'{"queries": ["q"], "topk": ' + b"9" * 4000 + b"}",
+                      headers={"content-type": "application/json"})
+        assert huge.status_code == 422 and len(huge.content) < 600
+
+
+def test_two_authorization_headers_are_refused(retriever):
+    with serve_in_thread(create_app(retriever, LIMITS, exposure=Exposure(token=TOKEN))) as url:
+        u = urlparse(url)
+        s = socket.create_connection((u.hostname, u.port), timeout=5)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: " + u.netloc.encode() + b"\r\nAuthorization: Bearer wrong\r\n"
+                  b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 400")

@@ -149,7 +149,7 @@ _WEIGHTS_SHA256: dict[tuple, str] = {}
 
 
 def weights_sha256(path: str | Path) -> str:
-    """sha256 of a weight file, hashed once per version of the file in a process (an encoder's ~90 MB take ~0.3 s;
+    """sha256 of a model file, hashed once per version of the file in a process (an encoder's ~90 MB take ~0.3 s;
     the corpus is hashed beside it anyway). The cache key is the file's identity and its stat: device, inode, size,
     mtime and ctime; no tool can set a ctime back, so a rewritten or replaced file is always hashed again."""
     path = Path(path)
@@ -161,12 +161,15 @@ def weights_sha256(path: str | Path) -> str:
 
 
 def encoding_fingerprint(corpus: Corpus, encoder: Encoder) -> dict:
-    """What the shards depend on; a change invalidates every finished shard. The model is its weight files'
-    names, sizes and sha256: another model of the same size and file name (a retrained or re-pulled encoder) gives
-    other embeddings, which the persisted shards (a `persist: true` DVC output) must not be mistaken for."""
-    weights = sorted(Path(encoder.model_path).glob("*.safetensors"))
+    """What the shards depend on; a change invalidates every finished shard. The model is every file of its
+    directory (weights, tokenizer, config, pooling), each by relative path, size and sha256: another model of the
+    same size and file names (a retrained or re-pulled encoder, a changed tokenizer) gives other embeddings, which
+    the persisted shards (a `persist: true` DVC output) must not be mistaken for."""
+    root = Path(encoder.model_path)
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
     return {"corpus_sha256": sha256_file(corpus.path), "n_docs": len(corpus),
-            "model": [(p.name, p.stat().st_size, weights_sha256(p)) for p in weights] or encoder.model_path,
+            "model": [(p.relative_to(root).as_posix(), p.stat().st_size, weights_sha256(p)) for p in files]
+            or encoder.model_path,
             "convention": dataclasses.asdict(encoder.convention), "dim": encoder.dim}
 
 

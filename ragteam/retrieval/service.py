@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")  # the Host names a loopback-bound service answers to
 MAX_ERRORS = 10                         # errors listed in one 422
 MAX_LOC_CHARS = 64                      # a location element (a field name a client chose) is cut to this
+MIN_BODY_RATE = 256 * 1024              # bytes a second a body must at least arrive at (on top of body_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,11 @@ class ServiceLimits:
     max_topk: int = 100
     default_topk: int = 3         # Search-R1's server default (--topk 3) when a request sends topk null
     max_batch: int = 1024         # queries merged into one batch_search call
-    header_timeout_s: float = 10.0   # a connection must send its request's headers within this
-    body_timeout_s: float = 10.0     # ... and each chunk of its body within this
-    max_connections: int = 512       # open connections (or running requests) before new requests get 503
+    max_results: int = 10_240     # queries x topk in one request (the size of the answer)
+    header_timeout_s: float = 10.0   # each request's headers must arrive within this (the first, and after a reply)
+    body_timeout_s: float = 10.0     # its body within this, plus one second per MIN_BODY_RATE bytes
+    max_connections: int = 1024      # open connections (or running requests) before new requests get 503
+    max_connections_per_client: int = 256   # open connections from one address; more are closed at once
 
     @property
     def max_body_bytes(self) -> int:
@@ -133,7 +136,12 @@ def _limit_errors(field: str, queries: list[str], k_field: str, k: int, limits: 
         if bad == 10:  # enough to show the problem; a 10k-query request must not get a 10k-line answer
             break
     if not 1 <= k <= limits.max_topk:
-        err([k_field], f"{k_field}={k} is outside 1..{limits.max_topk} (max_topk={limits.max_topk})", "max_topk", k)
+        shown = k if abs(k) < 10**9 else f"{str(k)[:10]}..."   # a 4,000-digit int is not echoed
+        err([k_field], f"{k_field}={shown} is outside 1..{limits.max_topk} (max_topk={limits.max_topk})", "max_topk",
+            shown)
+    elif len(queries) * k > limits.max_results:
+        err([k_field], f"{len(queries)} queries x {k_field}={k} = {len(queries) * k} results, over max_results="
+                       f"{limits.max_results}", "max_results", len(queries) * k)
     return errs
 
 
@@ -205,7 +213,12 @@ class MicroBatcher:
             for it in items:
                 by_k[it[1]].append(it)
             for k, group in by_k.items():
-                await self._serve_group(k, group)
+                try:
+                    await self._serve_group(k, group)
+                except Exception as e:  # noqa: BLE001 - e.g. a result that cannot be split: fail these, keep serving
+                    log.exception("a batch failed outside the retriever")
+                    for _, _, fut in group:
+                        _settle(fut, exc=e)
 
 
 def _settle(fut: asyncio.Future, *, result=None, exc: BaseException | None = None) -> None:
@@ -236,9 +249,9 @@ def _json_error(status: int, detail, headers: dict | None = None) -> JSONRespons
 
 
 class _Guard:
-    """ASGI middleware in front of every route: the bearer token, then the body, read here in full but never past
-    `limits.max_body_bytes` (a Content-Length over it is refused before a byte is read) nor slower than
-    `limits.body_timeout_s` a chunk, then replayed to the app."""
+    """ASGI middleware in front of every route: the bearer token (one Authorization header), then the body, read here
+    in full but never past `limits.max_body_bytes` (a Content-Length over it is refused before a byte is read) nor
+    past one deadline (`body_timeout_s` plus a second per MIN_BODY_RATE bytes), then replayed to the app."""
 
     def __init__(self, app, limits: ServiceLimits, token: Optional[str]):
         self.app, self.limits = app, limits
@@ -248,6 +261,9 @@ class _Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
+        auths = [v for k, v in scope["headers"] if k == b"authorization"]
+        if len(auths) > 1:   # proxies disagree on which one counts: refuse rather than pick
+            return await _json_error(400, "more than one Authorization header")(scope, receive, send)
         if self.token is not None and not _bearer_ok(headers.get(b"authorization", b""), self.token):
             return await _json_error(401, "a bearer token is required (Authorization: Bearer <token>)",
                                      {"WWW-Authenticate": "Bearer"})(scope, receive, send)
@@ -259,13 +275,19 @@ class _Guard:
             if int(length) > cap:
                 return await _json_error(413, f"the body has {int(length)} bytes, over max_body_bytes={cap} (set "
                                               f"by max_queries and max_query_chars)")(scope, receive, send)
+        # one deadline for the whole body, not one per chunk (a byte every few seconds must not hold the slot):
+        # body_timeout_s plus a second per MIN_BODY_RATE bytes announced or, chunked, received so far
+        loop = asyncio.get_running_loop()
+        start, announced = loop.time(), int(length) if length is not None else 0
         chunks, size, more = [], 0, True
         while more:
+            left = start + self.limits.body_timeout_s + max(announced, size) / MIN_BODY_RATE - loop.time()
             try:
-                msg = await asyncio.wait_for(receive(), timeout=self.limits.body_timeout_s)
+                msg = await asyncio.wait_for(receive(), timeout=max(left, 0.001))
             except asyncio.TimeoutError:
-                return await _json_error(408, f"the body did not arrive within body_timeout_s="
-                                              f"{self.limits.body_timeout_s}")(scope, receive, send)
+                return await _json_error(408, f"the body did not arrive in time (body_timeout_s="
+                                              f"{self.limits.body_timeout_s} plus a second per {MIN_BODY_RATE} "
+                                              f"bytes)")(scope, receive, send)
             if msg["type"] == "http.disconnect":
                 return
             body = msg.get("body", b"")
@@ -332,8 +354,11 @@ def create_app(retriever: Retriever, limits: ServiceLimits = ServiceLimits(), *,
             log.exception("retrieval failed")
             return None, _json_error(500, f"retrieval failed ({type(e).__name__})")
 
-    @app.post("/retrieve")
-    async def retrieve(req: RetrieveRequest):
+    @app.post("/retrieve", openapi_extra=_body_schema(RetrieveRequest))
+    async def retrieve(request: Request):
+        req, bad = await _read(request, RetrieveRequest, "queries", limits)
+        if bad is not None:
+            return bad
         k = limits.default_topk if req.topk is None else req.topk
         if errs := _limit_errors("queries", req.queries, "topk", k, limits):
             return reject(errs)
@@ -346,8 +371,11 @@ def create_app(retriever: Retriever, limits: ServiceLimits = ServiceLimits(), *,
             body = [[_doc(h) for h in hits] for hits in results]
         return JSONResponse({"result": body})
 
-    @app.post("/search")
-    async def search(req: SearchRequest):
+    @app.post("/search", openapi_extra=_body_schema(SearchRequest))
+    async def search(request: Request):
+        req, bad = await _read(request, SearchRequest, "questions", limits)
+        if bad is not None:
+            return bad
         k = limits.default_topk if req.N is None else req.N
         if errs := _limit_errors("questions", req.questions, "N", k, limits):
             return reject(errs)
@@ -358,11 +386,56 @@ def create_app(retriever: Retriever, limits: ServiceLimits = ServiceLimits(), *,
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "retriever": name or type(retriever).__name__, "batches": batcher.batches,
+        alive = batcher.task is not None and not batcher.task.done()
+        return {"status": "ok" if alive else "failed: the batcher stopped (restart the service)",
+                "retriever": name or type(retriever).__name__, "batches": batcher.batches,
                 "isolated_batches": batcher.isolated,
                 "limits": {**asdict(limits), "max_body_bytes": limits.max_body_bytes}}
 
     return app
+
+
+def _body_schema(model: type[BaseModel]) -> dict:
+    """The request body as OpenAPI documents it (the routes read and validate the body themselves: `_read`)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def _read(request: Request, model: type[BaseModel], list_field: str, limits: ServiceLimits):
+    """(the validated request, None) or (None, the 4xx that says why not). The cheap checks come before pydantic
+    sees the body: a JSON object, no more keys than the model has, the list no longer than `max_queries`. A body
+    of a million items under the size cap is refused by its length, not validated item by item (which took 34 s
+    and 3.7 GB for 3M integers); pydantic's errors are read without their input."""
+    import json
+
+    from pydantic import ValidationError
+
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, JSONResponse({"detail": [{"loc": ["body"], "msg": f"not JSON: {type(e).__name__}",
+                                               "type": "json_invalid"}]}, status_code=422)
+    except RecursionError:
+        return None, _json_error(400, "the JSON is nested too deeply")
+    if not isinstance(data, dict):
+        return None, JSONResponse({"detail": [{"loc": ["body"], "msg": "the body must be a JSON object",
+                                               "type": "model_attributes_type"}]}, status_code=422)
+    extra = [k for k in data if k not in model.model_fields]
+    if extra:
+        return None, JSONResponse({"detail": [{"loc": ["body", str(k)[:MAX_LOC_CHARS]],
+                                               "msg": "Extra inputs are not permitted", "type": "extra_forbidden"}
+                                              for k in extra[:MAX_ERRORS]], "errors": len(extra)}, status_code=422)
+    items = data.get(list_field)
+    if isinstance(items, list) and len(items) > limits.max_queries:
+        return None, JSONResponse({"detail": [{
+            "loc": ["body", list_field], "type": "limit_exceeded", "limit": "max_queries", "value": len(items),
+            "msg": f"{len(items)} queries in one request exceed max_queries={limits.max_queries}"}]}, status_code=422)
+    try:
+        return model.model_validate(data), None
+    except ValidationError as e:
+        errors = e.errors(include_input=False, include_url=False)
+        return None, JSONResponse({"detail": _error_list([{**x, "loc": ("body", *x["loc"])} for x in errors]),
+                                   "errors": len(errors)}, status_code=422)
 
 
 def _finite(score: float) -> float | None:
@@ -419,21 +492,51 @@ def _uvicorn_config(app: FastAPI, host: str, port: int, limits: ServiceLimits, l
     import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
+    per_client: dict[str, int] = {}   # open connections per client address, for this server
+
     class StallGuardedH11(H11Protocol):
-        """uvicorn's h11 protocol with a deadline for the first request's headers: a client that connects and
-        stalls (slowloris) is closed after `header_timeout_s`. Later requests on the connection fall under
-        uvicorn's own keep-alive timeout, bodies under the `_Guard` middleware's."""
+        """uvicorn's h11 protocol with a deadline for each request's headers: after connecting, and again after each
+        reply, a client has `header_timeout_s` to send a whole request head or the connection is closed (uvicorn's
+        keep-alive timer stops at the first byte, so a head sent a byte at a time would otherwise hold the slot for
+        ever). One address holds at most `max_connections_per_client` connections; more are closed at once, so no
+        one client can take every slot. Bodies fall under the `_Guard` middleware's deadline."""
 
         def connection_made(self, transport):
             super().connection_made(transport)
-            self._stall_timer = self.loop.call_later(limits.header_timeout_s, self._close_if_stalled)
+            peer = (transport.get_extra_info("peername") or ("?",))[0]
+            self._peer = str(peer)
+            per_client[self._peer] = per_client.get(self._peer, 0) + 1
+            self._timer = None
+            if per_client[self._peer] > limits.max_connections_per_client:
+                transport.close()
+                return
+            self._arm()
 
-        def _close_if_stalled(self):
-            if self.cycle is None and not self.transport.is_closing():
+        def _arm(self):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_later(limits.header_timeout_s, self._close_if_stalled, self.cycle)
+
+        def _close_if_stalled(self, cycle_then):
+            # no request head has come in since the deadline was set (the cycle is the one it was then), and none
+            # is being answered: a stalled head
+            if self.cycle is cycle_then and (cycle_then is None or cycle_then.response_complete) \
+                    and not self.transport.is_closing():
                 self.transport.close()
 
+        def on_response_complete(self):
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
         def connection_lost(self, exc):
-            self._stall_timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+            n = per_client.get(self._peer, 1) - 1
+            if n > 0:
+                per_client[self._peer] = n
+            else:
+                per_client.pop(self._peer, None)
             super().connection_lost(exc)
 
     return uvicorn.Config(app, host=host, port=port, access_log=False, log_level=log_level, http=StallGuardedH11,
