@@ -162,7 +162,7 @@ DIFFERENCES = {
                  "same betas / lr / linear schedule without warm-up (passed explicitly: OpenRLHF's defaults are "
                  "betas 0.9/0.95 and cosine_with_min_lr with 3 % warm-up), gradient clipping 1.0 in both.",
     "LoRA": "the same adapters (rank, alpha, the 7 projections of the top 8 layers): TRL via layers_to_transform, "
-            "OpenRLHF via the full module names (ragteam.train.openrlhf.lora_target_names); merged before saving.",
+            "OpenRLHF via the full module names (openrlhf_local.lora_target_names); merged before saving.",
     "batching": "same batch size (4), one epoch (48 rows = 12 steps); the row order differs (each trainer shuffles "
                 "with its own sampler).",
 }

@@ -53,8 +53,8 @@ def run_local(samples: list, labels: Counter, tp: TrainJudgeParams, llm: LLMConf
     """openrlhf.runner local: `openrlhf.cli.train_sft` here, in .venv-openrlhf (one process; on the CPU where there
     is no CUDA), its model read back and saved as the TRL judge is (models/agents/judge, same card, curves and
     metrics), so the evaluation stages use it unchanged. A dry run writes the job and stops, as for Ray."""
-    from ragteam.train.openrlhf import (OpenRLHFFailed, load_local_sft, openrlhf_versions, prepare_local_sft_job,
-                                        run_local_sft)
+    from ragteam.train.openrlhf_local import (OpenRLHFFailed, load_local_sft, openrlhf_versions,
+                                              prepare_local_sft_job, run_local_sft)
 
     job_dir = JOBS / STAGE
     out = CHECKPOINTS / STAGE / "openrlhf_model"     # OpenRLHF's own save; models/agents/judge is written below

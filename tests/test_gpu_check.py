@@ -9,16 +9,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import require_openrlhf_env
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_rehearses_every_step_and_writes_one_results_file(tmp_path):
-    if not (REPO / ".venv-openrlhf" / "bin" / "python").is_file():
-        if os.environ.get("CI"):
-            pytest.fail(".venv-openrlhf is missing under CI: `make test` builds it (scripts/setup_openrlhf.sh)")
-        pytest.skip(".venv-openrlhf missing: run `make setup-openrlhf`")
+    require_openrlhf_env()
     env = {**os.environ, "DRY": "1", "GPU_CHECK_OUT": str(tmp_path)}
     env.pop("OUT", None)
     done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True,

@@ -7,7 +7,9 @@ import re
 from importlib.metadata import PathDistribution
 from pathlib import Path
 
+from conftest import require_openrlhf_env
 from packaging.utils import canonicalize_name
+
 from tests.test_env_lock import locked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,16 +51,8 @@ def test_make_builds_the_environment_only_when_asked_and_before_the_tests():
 
 
 def test_the_built_environment_is_the_lock():
-    venv = ROOT / ".venv-openrlhf"
-    site = next(venv.glob("lib/python3*/site-packages"), None)
-    if site is None:
-        import os
-
-        import pytest
-
-        if os.environ.get("CI"):
-            pytest.fail(".venv-openrlhf is missing under CI: `make test` builds it")
-        pytest.skip(".venv-openrlhf missing: run `make setup-openrlhf`")
+    venv = require_openrlhf_env().parents[1]
+    site = next(venv.glob("lib/python3*/site-packages"))
     have = {canonicalize_name(d.metadata["Name"]): d.version
             for d in (PathDistribution(p) for p in site.glob("*.dist-info"))}
     want = {n: v for n, (v, _) in (locked(ROOT / "requirements-openrlhf.lock")

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import require_openrlhf_env
 
 from ragteam.agents import maps
 from ragteam.eval.agents import judge_scores
 from ragteam.train.common import LoraParams
-from ragteam.train.openrlhf import (
+from ragteam.train.openrlhf_local import (
     LAUNCHER,
     OPENRLHF_VENV,
     SFT_LOG,
@@ -32,11 +32,7 @@ PYTHON = REPO / OPENRLHF_VENV / "bin" / "python"
 
 
 def _need_env():
-    if PYTHON.is_file():
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"{PYTHON} is missing under CI: `make test` builds it with scripts/setup_openrlhf.sh")
-    pytest.skip(f"{PYTHON} missing: run `make setup-openrlhf`")
+    require_openrlhf_env()
 
 
 def _judge_samples(n: int) -> list[SFTSample]:

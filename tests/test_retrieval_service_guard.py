@@ -10,32 +10,21 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from test_retrieval_service import retriever  # noqa: F401  (the BM25 fixture over the fixture corpus)
 
-from ragteam.retrieval import open_retriever
 from ragteam.retrieval.client import HttpRetriever, RetrievalServiceError
 from ragteam.retrieval.service import (Exposure, ServiceLimits, create_app, exposure_for, read_token,
                                        serve_in_thread)
 
-FIX = Path(__file__).parent / "fixtures" / "retrieval"
 LIMITS = ServiceLimits(max_queries=8, max_query_chars=200, max_topk=20, default_topk=3, header_timeout_s=1.0,
                        body_timeout_s=1.0)
 Q = "Scott Derrickson American director"
 TOKEN = "s3cret-token-of-32-characters-xx"
-
-
-@pytest.fixture(scope="module")
-def retriever(tmp_path_factory):
-    from ragteam.retrieval.bm25 import build_bm25s_index
-
-    out = tmp_path_factory.mktemp("idx") / "bm25s"
-    build_bm25s_index(FIX / "corpus.jsonl", out, k1=0.9, b=0.4, show_progress=False)
-    return open_retriever(out)
 
 
 @pytest.fixture(scope="module")
