@@ -16,7 +16,7 @@ and reports each variant's wall seconds and the throughput ratio (sequential sec
     python -m benchmarks.concurrent_stages --model ~/.cache/ragteam-tests/llm --units 2
 
 Writes benchmarks/results/concurrent_stages.json and .md (or --out). The machine should be otherwise idle. Measured:
-experiments/default_repro.md ("two stages at once"), benchmarks/results/concurrent_stages_units{2,3}.md.
+studies/default_repro/notes.md ("two stages at once"), benchmarks/results/concurrent_stages_units{2,3}.md.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ experiment commits traceable. Run from the repository root as `python -m studies
     python -m studies team-summary                                  # the MAPS team, trained vs untrained
     python -m studies keep seed1 seed2                              # keep the experiment commits in this branch
 
-Not part of the `ragteam` package: the library holds what the pipeline runs; studies live here and in experiments/.
+Not part of the `ragteam` package: the library holds what the pipeline runs; the studies live here, one folder
+each (studies/README.md).
 """
 from __future__ import annotations
 

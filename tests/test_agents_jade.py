@@ -334,12 +334,12 @@ def test_smollm2_runs_jade_end_to_end_and_every_malformed_call_falls_back(smollm
 
 
 def test_base_model_experiment_counts_format_errors_per_role():
-    """experiments/jade_base_model.py: every role's prompt once per question, malformed outputs counted per role."""
+    """studies/jade_base_model/jade_base_model.py: every role's prompt once per question, malformed outputs counted per role."""
     import importlib.util
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "jade_base_model", Path(__file__).resolve().parents[1] / "experiments" / "jade_base_model.py")
+        "jade_base_model", Path(__file__).resolve().parents[1] / "studies" / "jade_base_model" / "jade_base_model.py")
     exp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(exp)
     good = {jade.PLANNER: "<workflow>R,AG</workflow>", jade.QR: "<query>q</query>", jade.QDS: "<q1>a?</q1>",

@@ -170,7 +170,7 @@ def test_the_team_reward_joins_the_summary_only_where_every_run_has_it():
     odd = js._launch([{"name": "a", "seeds": {"warmup.sft.seed": 3}}, {"name": "b7", "seeds": {"warmup.sft.seed": 7}}])
     assert odd == ["dvc exp run --queue -n a $(python -m studies flags 3 --kind joint)",
                    "dvc exp run --queue -n b7 $(python -m studies flags 7 --kind joint)"]
-    # runs that share the warm-up's seed and vary RL's alone (experiments/mask_rl_seeds): the shared seed is a fixed
+    # runs that share the warm-up's seed and vary RL's alone (studies/mask_rl_seeds): the shared seed is a fixed
     # flag and only RL's follows the loop; `replicate flags` would set both and rerun a different study
     rl_only = [{"name": f"mask-rlseed{k}", "seeds": {"warmup.sft.seed": 0, "joint.ppo.seed": k}} for k in (1, 0, 2)]
     assert js._launch(rl_only) == ["for s in 0 1 2; do dvc exp run --queue -n mask-rlseed$s "
