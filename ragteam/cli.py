@@ -8,6 +8,9 @@ from typing import Optional
 
 import typer
 
+from ragteam import views
+
+
 def error_line(e: BaseException) -> str:
     """One line naming what a user got wrong: the message with its whitespace folded; a missing file as
     '<path>: file not found' rather than Python's '[Errno 2] ...'."""
@@ -158,8 +161,39 @@ def registry_list(artifact: Optional[str] = typer.Argument(None), repo: Path = t
     """Registered versions (all artifacts, or one), in version order."""
     from ragteam.registry import versions
 
-    for v in versions(repo, artifact):
+    rows = versions(repo, artifact)
+    for v in rows:
         typer.echo(f"{v.artifact}\t{v.version}\t{v.commit[:12]}")
+    if not rows:
+        typer.echo(f"no registered version{' of ' + artifact if artifact else 's'} in {repo.resolve()}: register "
+                   "the committed run's models with `ragteam registry register-run` (one artifact: `ragteam registry "
+                   "register <artifact>`)")
+
+
+@registry_app.command("register-run")
+def registry_register_run(
+    version: Optional[str] = typer.Option(None, help="v<major>.<minor>.<patch> for every model of the run "
+                                          "(default: the next minor version above all of theirs, v0.1.0 first)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="check and print what would be tagged, tag nothing"),
+    repo: Path = typer.Option(Path("."), help="the project checkout"),
+) -> None:
+    """Register every model artifact of dvc.yaml that the committed run at HEAD produced, under one version. Refused,
+    with nothing tagged, on uncommitted changes, on a stage `dvc status` finds out of date with dvc.lock (upstream
+    ones included), or on weights the DVC remote lacks (`dvc push`)."""
+    from ragteam.registry import register_run
+
+    got = register_run(repo, version, dry_run=dry_run)
+    verb = "would register" if dry_run else "registered"
+    for v in got.registered:
+        typer.echo(f"{verb} {v.tag} -> {v.commit[:12]}")
+    for name, why in got.skipped:
+        typer.echo(f"skipped {name}: {why}")
+    if not got.registered:
+        typer.echo(f"nothing to register at {got.commit[:12]}")
+    elif not dry_run:
+        typer.echo(f"push the tags: git push origin {' '.join(v.tag for v in got.registered)}\n"
+                   f"fetch the latest: dvc artifacts get <repo url> {got.registered[0].artifact} "
+                   f"(this version: --rev {got.version})")
 
 
 @registry_app.command("get")
@@ -428,6 +462,12 @@ def oracle_traces(
         raise fail(e)
     typer.echo(f"{system}: {summary['complete']}/{summary['questions']} questions traced (yield {summary['yield']}), "
                f"{summary['rows']} rows; dropped {summary['dropped'] or 'none'}")
+
+
+# the views (ragteam/views): each command imports what it needs when it runs
+app.command("experiments")(views.experiments_cmd)
+app.command("dag")(views.dag_cmd)
+app.command("plots-template")(views.plots_template_cmd)
 
 
 def main() -> None:  # pragma: no cover

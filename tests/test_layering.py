@@ -21,7 +21,7 @@ LAYERS = [
     {"warmup"},
     {"systems"},
     {"eval"},
-    {"params_check", "profiles", "release", "lineage", "registry"},
+    {"params_check", "profiles", "release", "lineage", "registry", "views"},
     {"stages", "flows"},
     {"cli"},
 ]
