@@ -33,7 +33,7 @@ SECTIONS: dict[str, str] = {
     "train_query": "stages.common:TrainQueryParams",
     "label_judge": "stages.common:LabelJudgeParams",
     "train_judge": "stages.common:TrainJudgeParams",
-    "warmup": "ragteam.warmup.sft:WarmupParams",
+    "warmup": "ragteam.systems.warmup:WarmupSection",
     "openrlhf": "stages.common:OpenRLHFParams",
 }
 
@@ -53,15 +53,15 @@ def check_params(params: dict[str, Any], source: str = "params.yaml") -> None:
     for section, ref in SECTIONS.items():
         if section in params and (model := _model(ref)) is not None:
             parse_section(params, section, model, source)
-    if "joint" not in params or _model("stages.train_joint:load_joint") is None:
+    if "joint" not in params:
         return
-    from ragteam.train.systems import SYSTEMS
-    from stages.train_joint import load_joint
+    from ragteam.systems import joint_names
+    from ragteam.systems.params import load_joint
 
     systems = (params["joint"] or {}).get("systems") or []
     if not isinstance(systems, list):
         raise ParamsError(f"{source}: joint.systems must be a list of system names, got {systems!r}")
-    known = sorted(SYSTEMS)     # the trainer's registry: joint.probe, .ppo, .retriever are sections, not systems
+    known = joint_names()     # the registry's: joint.probe, .ppo, .retriever are sections, not systems
     unknown = [s for s in systems if s not in known]
     if unknown:
         raise ParamsError(f"{source}: joint.systems: unknown system(s) {unknown} (known: {', '.join(known)})")

@@ -20,7 +20,8 @@ from ragteam.io import DataError, write_jsonl
 from ragteam.llm import LLMConfig, SamplingConfig, chat_text
 from ragteam.profiles import load_profile
 from ragteam.warmup import traces as T
-from ragteam.warmup.oracle import OracleEngine, oracle_system
+from ragteam.systems import oracle_system
+from ragteam.warmup.oracle import OracleEngine
 from ragteam.warmup.gold import GoldError, gold_chain
 
 REPO = Path(__file__).resolve().parents[1]
