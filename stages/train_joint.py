@@ -157,18 +157,17 @@ STAGED_PANELS = [("reward", ["reward", "episode_f1"]), PROBE_PANEL, "zero_advant
 def run_staged(system_name: str, params: dict) -> dict:
     """train_joint@<system> of a system trained in successive stages (`System.stages`; QAgent: stage 1 (Eq. 7) then
     stage 2 (Eq. 8-10) from the stage-1 model), each a run of the joint loop with the system's adapter of that stage
-    (`ragteam.train.qagent`); the later stages' reward's frozen generator G is `joint.<system>.generator` (null:
+    (`System.stage_ppo`, `System.train_stages`); the later stages' reward's frozen generator G is `joint.<system>.generator` (null:
     llm.model) with llm.sampling.answer_agent, loaded only when a stage's reward calls it."""
     from ragteam.llm import EnginePool, Team
     from ragteam.retrieval import open_retriever
     from ragteam.systems import joint_system
-    from ragteam.train.qagent import stage_ppo, train_qagent
 
     spec = joint_system(system_name)
     stage = f"train_joint_{system_name}"
     ppo, jp, tp = load_joint(params, system_name)
     llm = parse_section(params, "llm", LLMConfig).for_stage(stage)
-    per_stage = {s: stage_ppo(ppo, tp, s) for s in tp.stages}
+    per_stage = {s: spec.stage_ppo(ppo, tp, s) for s in tp.stages}
     if not POOL.is_file():
         raise DataError(f"{POOL}: missing (training questions); run stage prepare_data first (dvc repro)")
     pool = load_qa(POOL)
@@ -185,7 +184,7 @@ def run_staged(system_name: str, params: dict) -> dict:
     print(f"{stage}: from {start}, {' then '.join(f'{s} {per_stage[s].steps} steps' for s in tp.stages)}, each "
           f"{ppo.questions_per_step} questions x G {tp.group_size} of {len(rows)}, LoRA {ppo.lora.enabled}, "
           f"generator {generator_model}, on {llm.backend}/{llm.device}", flush=True)
-    result, curve = train_qagent(
+    result, curve = spec.train_stages(
         systems, rows, start, CHECKPOINTS / stage, per_stage, llm, dict(llm.sampling),
         run_tag={"retriever": jp.retriever, "max_questions": tp.max_questions, "generator": generator_model,
                  **probe_tag(jp, probe_steps, probe_ids)},
@@ -205,7 +204,7 @@ def run_staged(system_name: str, params: dict) -> dict:
                 q = max(len(ys) // 4, 1)
                 extra[f"{s}/{col}_first"] = round(sum(ys[:q]) / q, 4)
                 extra[f"{s}/{col}_last"] = round(sum(ys[-q:]) / q, 4)
-        # the share of the stage's trajectories cut at max_seq_len (not trained: ragteam.train.qagent)
+        # the share of the stage's trajectories cut at max_seq_len (not trained: System.train_stages)
         extra[f"{s}/truncated"] = round(sum(r.get("truncated", 0.0) for r in rs) / max(len(rs), 1), 4)
         extra[f"{s}_seconds"] = round(sum(r.get("step_seconds", 0.0) for r in rs), 1)
         extra[f"{s}/nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in rs)

@@ -136,7 +136,7 @@ def test_the_probe_changes_no_weight_and_logs_the_start_models_own_team_reward(t
 
 
 def test_qagent_probes_at_the_global_steps_whichever_stage_they_fall_in(tmp_path, monkeypatch):
-    import ragteam.train.qagent as Q
+    import ragteam.systems.qagent.train as Q
     from ragteam.train.checkpoints import TrainResult
     from ragteam.train.joint.params import PPOParams
 

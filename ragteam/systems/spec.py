@@ -14,6 +14,8 @@ from typing import Any
 
 from ragteam.config import Strict
 from ragteam.retrieval.base import Retriever
+from ragteam.train.checkpoints import TrainResult
+from ragteam.train.joint.params import PPOParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.oracle import OracleSystem
 
@@ -28,7 +30,8 @@ class System:
     scope and advantage estimator (None: not trained by `train_joint`); `reward_text` says in words what its reward
     is (the model card's). `oracle` builds its warm-up oracle player (None: no warm-up). `stages`: the successive
     training stages of a system whose `train_joint` runs several (QAgent), each built by `joint(params, retriever,
-    stage, generator)`; empty: one run of the joint loop."""
+    stage, generator)`, their PPO settings by `stage_ppo` and run in order by `train_stages`; empty: one run of the
+    joint loop."""
 
     name: str
     section: str | None = None
@@ -38,6 +41,10 @@ class System:
     reward_text: str | None = None
     oracle: Callable[[dict[str, Any]], OracleSystem] | None = None
     stages: tuple[str, ...] = ()
+    # a system of several stages: (joint.ppo merged, joint.<system>, stage) -> the stage's PPO settings, and the run
+    # of every stage in order (`ragteam.systems.qagent.train.train_qagent`'s signature)
+    stage_ppo: Callable[[PPOParams, Any, str], PPOParams] | None = None
+    train_stages: Callable[..., tuple[TrainResult, list[dict]]] | None = None
 
     def build_joint(self, params: dict[str, Any], retriever: Retriever, *args) -> JointSystem:
         if self.joint is None:

@@ -1,6 +1,6 @@
 """QAgent (Sec. 3): one plan-search-reflect agent (Table 5's loop, `ragteam.agents.qagent`, rolled out by
 `ragteam.agents.qagent_workflow.run_qagent`) feeding a frozen generator; trained by multi-turn GRPO in two stages
-(`ragteam.train.qagent`: stage 1 Eq. 7, stage 2 Eq. 8-10, `ragteam.rewards.qagent`); its oracle player writes the
+(`ragteam.systems.qagent.train`: stage 1 Eq. 7, stage 2 Eq. 8-10, `ragteam.rewards.qagent`); its oracle player writes the
 agent's turns from the gold hops for the format warm-up.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ragteam.retrieval.base import Retriever
 from ragteam.rewards.qagent import qagent_rewards_stage1
 from ragteam.systems.spec import System
 from ragteam.train.joint.system import JointSystem
-from ragteam.train.qagent import QAgentTrainParams
+from ragteam.systems.qagent.train import QAgentTrainParams, stage_ppo, train_qagent
 from ragteam.warmup.gold import Gold
 from ragteam.warmup.oracle import OracleSystem, hop_of_query, query_forms, visible_fact
 
@@ -28,8 +28,8 @@ def qagent_system(params: dict[str, Any], retriever: Retriever, stage: str = "st
                   ) -> JointSystem:
     """QAgent: one agent, G trajectories per question, each one sample with <information> / retry tokens masked,
     group-normalised advantages; stage 1 Eq. 7, stage 2 Eq. 8-10 with `generator` (a Team whose answer_agent is the
-    frozen G). Two stages: stages.train_joint runs them through `ragteam.train.qagent.train_qagent`."""
-    from ragteam.train.qagent import qagent_system as build
+    frozen G). Two stages: stages.train_joint runs them through `train_qagent` (`System.train_stages`)."""
+    from ragteam.systems.qagent.train import qagent_system as build
 
     cfg = parse_section(params, "qagent", QAgentConfig)
     tp = parse_section(params, "joint.qagent", QAgentTrainParams)
@@ -123,4 +123,5 @@ def qagent_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 SYSTEM = System(name="qagent", section="qagent", config=QAgentConfig, train_params=QAgentTrainParams,
-                joint=qagent_system, reward_text=REWARD_TEXT, oracle=qagent_oracle, stages=("stage1", "stage2"))
+                joint=qagent_system, reward_text=REWARD_TEXT, oracle=qagent_oracle, stages=("stage1", "stage2"),
+                stage_ppo=stage_ppo, train_stages=train_qagent)
