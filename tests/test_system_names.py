@@ -33,7 +33,6 @@ KNOWN = {
     "ragteam/agents/sure.py": 1,
     "ragteam/cli.py": 2,
     "ragteam/eval/evaluate.py": 80,
-    "ragteam/eval/probe.py": 1,
     "ragteam/params_check.py": 1,
     "ragteam/profiles.py": 8,
     "ragteam/rewards/team.py": 10,

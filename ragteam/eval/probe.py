@@ -10,6 +10,7 @@ from ragteam.eval.evaluate import SystemSpec, WorkflowConfigs, has_team_reward, 
 from ragteam.llm import Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.systems import REGISTRY
 from ragteam.train.probe import PREFIX
 
 
@@ -41,7 +42,7 @@ def team_reward_probe(workflow: str, rows: Sequence[dict], retriever: Retriever,
     runs its rows; M-ASK answering after every turn), with the workflow sections of `params`."""
     if not rows:
         raise ValueError(f"team-reward probe of {workflow}: no questions")
-    spec = SystemSpec(workflow=workflow, **({"answer_every_turn": True} if workflow == "mask" else {}))
+    spec = SystemSpec(workflow=workflow, **(REGISTRY[workflow].probe_row if workflow in REGISTRY else {}))
     cfgs = WorkflowConfigs.from_params(params)
     if not has_team_reward(spec, cfgs):
         raise ValueError(f"team-reward probe: workflow {workflow!r} has no team reward (ragteam.rewards.team)")

@@ -245,4 +245,4 @@ def mask_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 SYSTEM = System(name="mask", section="mask", config=MaskConfig, train_params=MaskTrainParams, joint=mask_system,
-                reward_text=REWARD_TEXT, oracle=mask_oracle)
+                reward_text=REWARD_TEXT, oracle=mask_oracle, probe_row={"answer_every_turn": True})

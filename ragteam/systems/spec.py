@@ -9,7 +9,7 @@ stages, which sit above, look the system up here and pass those objects in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ragteam.config import Strict
@@ -45,6 +45,9 @@ class System:
     # of every stage in order (`ragteam.systems.qagent.train.train_qagent`'s signature)
     stage_ppo: Callable[[PPOParams, Any, str], PPOParams] | None = None
     train_stages: Callable[..., tuple[TrainResult, list[dict]]] | None = None
+    # the evaluate row settings (`ragteam.eval.evaluate.SystemSpec`) under which the team-reward probe of its RL
+    # scores held-out questions with its own training reward (M-ASK: the Answer agent after every turn)
+    probe_row: dict[str, Any] = field(default_factory=dict)
 
     def build_joint(self, params: dict[str, Any], retriever: Retriever, *args) -> JointSystem:
         if self.joint is None:
