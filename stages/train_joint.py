@@ -157,8 +157,9 @@ STAGED_PANELS = [("reward", ["reward", "episode_f1"]), PROBE_PANEL, "zero_advant
 def run_staged(system_name: str, params: dict) -> dict:
     """train_joint@<system> of a system trained in successive stages (`System.stages`; QAgent: stage 1 (Eq. 7) then
     stage 2 (Eq. 8-10) from the stage-1 model), each a run of the joint loop with the system's adapter of that stage
-    (`System.stage_ppo`, `System.train_stages`); the later stages' reward's frozen generator G is `joint.<system>.generator` (null:
-    llm.model) with llm.sampling.answer_agent, loaded only when a stage's reward calls it."""
+    (`System.stage_ppo`, `System.train_stages`); the later stages' reward's frozen generator G is
+    `joint.<system>.generator` (null: llm.model) with llm.sampling.answer_agent, loaded only when a stage's reward
+    calls it."""
     from ragteam.llm import EnginePool, Team
     from ragteam.retrieval import open_retriever
     from ragteam.systems import joint_system

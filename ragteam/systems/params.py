@@ -20,7 +20,7 @@ class JointSections(Strict):
     systems: list[str] = Field(min_length=1)
     retriever: str                               # index dir or http(s) service the rollouts search
     ppo: dict[str, Any]                          # validated as PPOParams (with each system's overrides)
-    probe: ProbeParams = ProbeParams()           # the team-reward probe on the pool's last questions (ragteam.train.probe)
+    probe: ProbeParams = ProbeParams()           # the team-reward probe on the pool's last questions (train.probe)
 
 
 def joint_params_model() -> type[JointSections]:

@@ -1,7 +1,7 @@
 """QAgent (Sec. 3): one plan-search-reflect agent (Table 5's loop, `ragteam.agents.qagent`, rolled out by
 `ragteam.agents.qagent_workflow.run_qagent`) feeding a frozen generator; trained by multi-turn GRPO in two stages
-(`ragteam.systems.qagent.train`: stage 1 Eq. 7, stage 2 Eq. 8-10, `ragteam.rewards.qagent`); its oracle player writes the
-agent's turns from the gold hops for the format warm-up.
+(`ragteam.systems.qagent.train`: stage 1 Eq. 7, stage 2 Eq. 8-10, `ragteam.rewards.qagent`); its oracle player
+writes the agent's turns from the gold hops for the format warm-up.
 """
 from __future__ import annotations
 
