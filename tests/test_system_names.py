@@ -21,7 +21,6 @@ KNOWN = {
     "ragteam/agents/debate.py": 1,
     "ragteam/agents/decor.py": 5,
     "ragteam/agents/decor_workflow.py": 2,
-    "ragteam/agents/grammars.py": 4,
     "ragteam/agents/ircot.py": 1,
     "ragteam/agents/jade.py": 7,
     "ragteam/agents/jade_workflow.py": 1,

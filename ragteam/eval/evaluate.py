@@ -97,11 +97,11 @@ class SystemSpec(Strict):
 
     @model_validator(mode="after")
     def _grammar_has_a_table(self):
-        from ragteam.agents.grammars import GRAMMARS
+        from ragteam.systems import grammars
 
-        if self.grammar and self.workflow not in GRAMMARS:
+        if self.grammar and self.workflow not in grammars():
             raise ValueError(f"grammar: true needs output grammars for workflow {self.workflow!r}; there are some "
-                             f"for {', '.join(sorted(GRAMMARS))}")
+                             f"for {', '.join(sorted(grammars()))}")
         return self
 
 
@@ -201,7 +201,7 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
     models = {role: start_model(path, base_model) if (Path(path) / WARMUP_OFF).is_file() else path
               for role, path in role_models(spec, agents).items()}
     if spec.grammar:
-        from ragteam.agents.grammars import grammar_sampling
+        from ragteam.systems import grammar_sampling
 
         sampling = grammar_sampling(spec.workflow, sampling)
     return engines.team({**(frozen_roles or {}), **models}, base_model, sampling)

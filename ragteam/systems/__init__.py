@@ -5,8 +5,10 @@ advantage estimator), its reward in words and its warm-up oracle player. `REGIST
 pipeline knows them; `register` adds one (a study's or a test's own system, docs/adding-a-system.md)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from ragteam.agents.grammars import constrain
 from ragteam.config import ParamsError
 from ragteam.retrieval.base import Retriever
 from ragteam.systems import decor, jade, mask, qagent
@@ -54,5 +56,19 @@ def oracle_system(name: str, params: dict[str, Any]) -> OracleSystem:
     return REGISTRY[name].oracle(params)
 
 
-__all__ = ["REGISTRY", "System", "build_joint", "joint_names", "joint_system", "oracle_names", "oracle_system",
-           "register"]
+def grammars() -> dict[str, dict[str, str]]:
+    """system -> its roles' output regexes, for the systems with grammar rows (`System.grammars`)."""
+    return {n: s.grammars for n, s in REGISTRY.items() if s.grammars}
+
+
+def grammar_sampling(workflow: str, sampling: Mapping, default_key: str = "default") -> dict:
+    """`sampling` (llm.sampling: role -> SamplingConfig) with each of system `workflow`'s roles constrained to its
+    regex; a ValueError for a workflow without grammars."""
+    known = grammars()
+    if workflow not in known:
+        raise ValueError(f"no output grammars for workflow {workflow!r} (known: {', '.join(sorted(known))})")
+    return constrain(known[workflow], sampling, default_key)
+
+
+__all__ = ["REGISTRY", "System", "build_joint", "grammar_sampling", "grammars", "joint_names", "joint_system",
+           "oracle_names", "oracle_system", "register"]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ragteam.agents import decor as D
+from ragteam.agents.grammars import NOT_A_PLACEHOLDER, text
 from ragteam.agents.decor_workflow import JUDGE_ROLE, DecorConfig, run_decor
 from ragteam.config import ParamsError, parse_section
 from ragteam.llm import Messages, Team
@@ -74,6 +75,22 @@ REWARD_TEXT = ("DECOR hierarchical rewards (Sec. 4.3): a trajectory with a malfo
               "within the question's G trajectories where the role acted (Eq. 6); dynamic sampling trains only on "
               "the groups where some role's return varies (some advantage is non-zero), refilling the step with "
               "further questions up to decor.dynamic_sampling.max_rounds rollouts (DAPO).")
+
+
+# ---- the guided-decoding grammars of its `decor_grammar` rows (ragteam.agents.grammars) -----------------------------
+
+def _grammar_block(tag: str, think: int, content: int) -> str:
+    """Appendix A's layout: `<think>` one paragraph `</think>` then the role's block, tags on their own lines; the
+    block does not open with `[` (the templates' bracketed placeholders, which small models echo)."""
+    body = text(content, NOT_A_PLACEHOLDER)
+    return rf"<think>\n{text(think)}\n</think>\n<{tag}>\n{body}\n</{tag}>"
+
+
+GRAMMARS: dict[str, str] = {
+    D.PLANNER: _grammar_block("search", 90, 70),
+    D.FILTER: _grammar_block("filter", 80, 160),
+    D.ANSWERER: _grammar_block("answer", 110, 40),
+}
 
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
@@ -175,4 +192,4 @@ def decor_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 SYSTEM = System(name="decor", section="decor", config=DecorConfig, train_params=JointSystemParams,
-                joint=decor_system, reward_text=REWARD_TEXT, oracle=decor_oracle)
+                joint=decor_system, reward_text=REWARD_TEXT, oracle=decor_oracle, grammars=GRAMMARS)

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from ragteam.agents import jade as J
+from ragteam.agents.grammars import numbered_questions, text
 from ragteam.agents.decor_workflow import DynamicSamplingConfig
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.config import parse_section
@@ -130,6 +131,25 @@ REWARD_TEXT = ("JADE (§3.3, Eq. 6-8): R_global = F1(ŷ, y) - α·min(T, M)/M - 
              "retrievals, α, β, M = jade.reward.alpha, beta, cost_max; minus jade.reward.format_penalty on every "
              "malformed call (Eq. 7). Every call is a PPO sample; GAE over the episode's flattened calls carries "
              "R_global back to the round-1 planner (Alg. 2).")
+
+
+# ---- the guided-decoding grammars of its `jade_grammar` rows (ragteam.agents.grammars) -------------------------------
+
+def _jade_plans() -> str:
+    """QDS, QDP, or an ordered subsequence of QR, R, DS, AG that ends in AG and has R before DS."""
+    solve = ["AG", "R, AG", "R, DS, AG", "QR, AG", "QR, R, AG", "QR, R, DS, AG"]
+    return "|".join(["QDS", "QDP", *solve])
+
+
+GRAMMARS: dict[str, str] = {
+    J.PLANNER: rf"<workflow>({_jade_plans()})</workflow>",
+    J.QR: rf"<query>{text(90)}</query>",
+    J.QDS: numbered_questions(J.MAX_SUBQUESTIONS, text(60)),
+    J.QDP: numbered_questions(J.MAX_SUBQUESTIONS, text(60)),
+    J.DS: r"<id>((Document ?)?[0-9]{1,2}(, ?(Document ?)?[0-9]{1,2}){0,4})?</id>",
+    J.AG: rf"<answer>{text(55)}</answer>",
+    J.AS: rf"<answer>{text(55)}</answer>",
+}
 
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
@@ -275,4 +295,4 @@ def jade_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 SYSTEM = System(name="jade", section="jade", config=JadeConfig, train_params=JadeTrainParams, joint=jade_system,
-                reward_text=REWARD_TEXT, oracle=jade_oracle)
+                reward_text=REWARD_TEXT, oracle=jade_oracle, grammars=GRAMMARS)

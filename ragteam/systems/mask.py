@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ragteam.agents import mask as M
+from ragteam.agents.grammars import numbered_pairs, text
 from ragteam.agents.mask_workflow import MaskConfig, run_mask
 from ragteam.config import parse_section
 from ragteam.llm import Messages
@@ -105,6 +106,22 @@ REWARD_TEXT = ("M-ASK turn-level rewards (§3.3): Planning F1(a_0, y) (Eq. 2); A
              "Summary and Update of turn t F1(a_t, y) - F1(a_{t-1}, y) (Eq. 3); a Search that outputs <end> 0; "
              "minus mask.format_penalty for a malformed call (official code). Every call is a PPO sample with GAE "
              "within the call (the official code's per-call samples): its return is its own reward.")
+
+
+# ---- the guided-decoding grammars of its `mask_grammar` rows (ragteam.agents.grammars) -------------------------------
+
+GRAMMARS: dict[str, str] = {
+    # at most 4 pairs where the format allows MAX_PLAN_STEPS (5): 5 pairs of digit-heavy text overran the
+    # 192-token budget (tests/worker), and the default data's chains have at most 4 hops
+    M.PLANNING: numbered_pairs(4, text(50), text(20))
+    + rf"<predicted_answer>{text(30)}</predicted_answer>",
+    M.SEARCH: rf"<search>{text(80)}</search>|<end>",
+    M.SUMMARY: rf"<evidence>{text(120)}</evidence>",
+    # the prompt's own `t(n+1)` for an Add: valid in every state (the parser reads it as the next step), where a
+    # number would have to be the trajectory's length, which a regex cannot know
+    M.UPDATE: r"<Update>t[1-9]</Update>|<Add>t\(n\+1\)</Add>",
+    M.ANSWER: rf"<predicted_answer>{text(40)}</predicted_answer>",
+}
 
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
@@ -245,4 +262,4 @@ def mask_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 SYSTEM = System(name="mask", section="mask", config=MaskConfig, train_params=MaskTrainParams, joint=mask_system,
-                reward_text=REWARD_TEXT, oracle=mask_oracle, probe_row={"answer_every_turn": True})
+                reward_text=REWARD_TEXT, oracle=mask_oracle, grammars=GRAMMARS, probe_row={"answer_every_turn": True})

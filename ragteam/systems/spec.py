@@ -48,6 +48,9 @@ class System:
     # the evaluate row settings (`ragteam.eval.evaluate.SystemSpec`) under which the team-reward probe of its RL
     # scores held-out questions with its own training reward (M-ASK: the Answer agent after every turn)
     probe_row: dict[str, Any] = field(default_factory=dict)
+    # role -> regex: its roles' output formats for guided decoding, the `<system>_grammar` rows of evaluate
+    # (`ragteam.agents.grammars`); empty: no grammar rows
+    grammars: dict[str, str] = field(default_factory=dict)
 
     def build_joint(self, params: dict[str, Any], retriever: Retriever, *args) -> JointSystem:
         if self.joint is None:

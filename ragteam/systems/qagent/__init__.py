@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ragteam.agents import qagent as Q
+from ragteam.agents.grammars import text
 from ragteam.agents.qagent_workflow import ROLE, QAgentConfig, agent_sampling, run_qagent
 from ragteam.config import parse_section
 from ragteam.llm import Messages
@@ -41,6 +42,17 @@ REWARD_TEXT = ("QAgent, one reward per trajectory, group-normalised over its que
                "frozen generator G over the deduplicated passages K; non-strict EM = G's answer contains a gold "
                "answer as whole tokens, Hit = a passage of K does). A trajectory cut at max_seq_len keeps its "
                "place in its group's statistics but does not train (its loss is masked).")
+
+
+# ---- the guided-decoding grammars of its `qagent_grammar` rows (ragteam.agents.grammars) ----------------------------
+
+GRAMMARS: dict[str, str] = {
+    # one turn: a reflection (the parser wants one after an <information> block; a role's regex cannot see the
+    # state, so it is optional), then either the answer or a plan and 1..MAX_QUERIES queries
+    ROLE: rf"(<reflection>{text(100)}</reflection>\n)?(<answer>{text(40)}</answer>|<plan>{text(130)}"
+          rf"</plan>\n<search>\n<query>{text(50)}</query>\n(<query>{text(50)}</query>\n)"
+          rf"{{0,{Q.MAX_QUERIES - 1}}}</search>)",
+}
 
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
@@ -124,4 +136,4 @@ def qagent_oracle(params: dict[str, Any]) -> OracleSystem:
 
 SYSTEM = System(name="qagent", section="qagent", config=QAgentConfig, train_params=QAgentTrainParams,
                 joint=qagent_system, reward_text=REWARD_TEXT, oracle=qagent_oracle, stages=("stage1", "stage2"),
-                stage_ppo=stage_ppo, train_stages=train_qagent)
+                stage_ppo=stage_ppo, train_stages=train_qagent, grammars=GRAMMARS)
