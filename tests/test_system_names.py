@@ -34,7 +34,6 @@ KNOWN = {
     "ragteam/eval/evaluate.py": 80,
     "ragteam/params_check.py": 1,
     "ragteam/profiles.py": 8,
-    "ragteam/rewards/team.py": 10,
     "ragteam/train/openrlhf.py": 3,
     "stages/evaluate.py": 9,
     "stages/evaluate_agents.py": 1,

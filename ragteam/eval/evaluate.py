@@ -42,9 +42,10 @@ from ragteam.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.systems import team_reward
 from ragteam.rewards.decor import Judge, decor_rewards, make_judge, score_lj
 from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
-from ragteam.rewards.team import WORKFLOWS as TEAM_REWARD_WORKFLOWS, set_team_rewards
+from ragteam.rewards.team import set_team_rewards
 
 Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "decor", "qagent", "qagent_plugin",
                    "ircot", "sure", "mask"]
@@ -280,8 +281,7 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         for ep, j in zip(scored, decor_rewards(scored, judge, cfgs.decor.reward)):
             ep.metrics["lj"] = j.lj
     if has_team_reward(spec, cfgs):
-        set_team_rewards(eps, spec.workflow, hit_weight=cfgs.qagent_hit_weight,
-                         passage_words=cfgs.qagent.passage_words, mask_penalty=cfgs.mask.format_penalty)
+        set_team_rewards(eps, spec.workflow, team_reward(spec.workflow), cfgs)
     return eps
 
 
@@ -297,7 +297,7 @@ def has_team_reward(spec: SystemSpec, cfgs: WorkflowConfigs) -> bool:
     answer after every turn (`ragteam.rewards.team`)."""
     if spec.workflow == "mask":
         return mask_config(spec, cfgs).answer_every_turn
-    return spec.workflow in TEAM_REWARD_WORKFLOWS
+    return team_reward(spec.workflow) is not None
 
 
 def silence(ep: Episode) -> dict[str, float]:

@@ -11,6 +11,7 @@ from typing import Any
 from ragteam.agents.grammars import constrain
 from ragteam.config import ParamsError
 from ragteam.retrieval.base import Retriever
+from ragteam.rewards.team import TeamReward
 from ragteam.systems import decor, jade, mask, qagent
 from ragteam.systems.spec import System
 from ragteam.train.joint.system import JointSystem
@@ -56,6 +57,14 @@ def oracle_system(name: str, params: dict[str, Any]) -> OracleSystem:
     return REGISTRY[name].oracle(params)
 
 
+def team_reward(workflow: str) -> TeamReward | None:
+    """The team reward of evaluation rows of kind `workflow` (`System.team_rewards`), None where none has one."""
+    for s in REGISTRY.values():
+        if workflow in s.team_rewards:
+            return s.team_rewards[workflow]
+    return None
+
+
 def grammars() -> dict[str, dict[str, str]]:
     """system -> its roles' output regexes, for the systems with grammar rows (`System.grammars`)."""
     return {n: s.grammars for n, s in REGISTRY.items() if s.grammars}
@@ -71,4 +80,4 @@ def grammar_sampling(workflow: str, sampling: Mapping, default_key: str = "defau
 
 
 __all__ = ["REGISTRY", "System", "build_joint", "grammar_sampling", "grammars", "joint_names", "joint_system",
-           "oracle_names", "oracle_system", "register"]
+           "oracle_names", "oracle_system", "register", "team_reward"]

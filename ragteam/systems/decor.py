@@ -19,6 +19,7 @@ from ragteam.metrics import exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.decor import RuleJudge, decor_rewards, make_judge
+from ragteam.rewards.team import TeamReward
 from ragteam.systems.spec import System
 from ragteam.train.joint.params import JointSystemParams
 from ragteam.train.joint.system import JointSystem
@@ -75,6 +76,19 @@ REWARD_TEXT = ("DECOR hierarchical rewards (Sec. 4.3): a trajectory with a malfo
               "within the question's G trajectories where the role acted (Eq. 6); dynamic sampling trains only on "
               "the groups where some role's return varies (some advantage is non-zero), refilling the step with "
               "further questions up to decor.dynamic_sampling.max_rounds rollouts (DAPO).")
+
+
+# ---- evaluation: its rows' team reward (ragteam.rewards.team) -------------------------------------------------------
+
+def decor_team_reward(ep: Episode) -> float:
+    """The mean R_total over the policy calls of a DECOR episode whose rewards `decor.assign_rewards` filled."""
+    rewards = [c.reward for c in ep.calls if c.role in D.POLICY_ROLES]
+    if not rewards or any(r is None for r in rewards):
+        raise ValueError(f"episode {ep.episode_id}: DECOR policy calls without a reward (assign_rewards first)")
+    return float(sum(rewards) / len(rewards))
+
+
+TEAM_REWARDS = {"decor": TeamReward(lambda ep, cfgs: decor_team_reward(ep))}
 
 
 # ---- the guided-decoding grammars of its `decor_grammar` rows (ragteam.agents.grammars) -----------------------------
@@ -192,4 +206,5 @@ def decor_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 SYSTEM = System(name="decor", section="decor", config=DecorConfig, train_params=JointSystemParams,
-                joint=decor_system, reward_text=REWARD_TEXT, oracle=decor_oracle, grammars=GRAMMARS)
+                joint=decor_system, reward_text=REWARD_TEXT, oracle=decor_oracle, grammars=GRAMMARS,
+                team_rewards=TEAM_REWARDS)

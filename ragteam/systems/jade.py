@@ -27,7 +27,7 @@ from ragteam.metrics import exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.jade import assign_rewards
-from ragteam.rewards.team import episode_return
+from ragteam.rewards.team import TeamReward, episode_return
 from ragteam.systems.spec import System
 from ragteam.train.joint.params import GroupEstimatorParams
 from ragteam.train.joint.system import JointSystem
@@ -131,6 +131,11 @@ REWARD_TEXT = ("JADE (§3.3, Eq. 6-8): R_global = F1(ŷ, y) - α·min(T, M)/M - 
              "retrievals, α, β, M = jade.reward.alpha, beta, cost_max; minus jade.reward.format_penalty on every "
              "malformed call (Eq. 7). Every call is a PPO sample; GAE over the episode's flattened calls carries "
              "R_global back to the round-1 planner (Alg. 2).")
+
+
+# ---- evaluation: its rows' team reward (ragteam.rewards.team): the episode's return ---------------------------------
+
+TEAM_REWARDS = {"jade": TeamReward(lambda ep, cfgs: episode_return(ep))}
 
 
 # ---- the guided-decoding grammars of its `jade_grammar` rows (ragteam.agents.grammars) -------------------------------
@@ -295,4 +300,5 @@ def jade_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 SYSTEM = System(name="jade", section="jade", config=JadeConfig, train_params=JadeTrainParams, joint=jade_system,
-                reward_text=REWARD_TEXT, oracle=jade_oracle, grammars=GRAMMARS)
+                reward_text=REWARD_TEXT, oracle=jade_oracle, grammars=GRAMMARS,
+                team_rewards=TEAM_REWARDS)

@@ -26,7 +26,8 @@ from ragteam.llm import Messages
 from ragteam.metrics import contains_answer, exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.mask import annotate_mask
+from ragteam.rewards.mask import annotate_mask, annotate_mask_episode
+from ragteam.rewards.team import TeamReward
 from ragteam.systems.spec import System
 from ragteam.train.joint.params import GroupEstimatorParams
 from ragteam.train.joint.system import JointSystem
@@ -106,6 +107,23 @@ REWARD_TEXT = ("M-ASK turn-level rewards (§3.3): Planning F1(a_0, y) (Eq. 2); A
              "Summary and Update of turn t F1(a_t, y) - F1(a_{t-1}, y) (Eq. 3); a Search that outputs <end> 0; "
              "minus mask.format_penalty for a malformed call (official code). Every call is a PPO sample with GAE "
              "within the call (the official code's per-call samples): its return is its own reward.")
+
+
+# ---- evaluation: its rows' team reward (ragteam.rewards.team) -------------------------------------------------------
+
+def mask_team_reward(ep: Episode, penalty: float) -> float:
+    """The mean call reward of an M-ASK episode that answered after every turn (Eq. 2-3, −penalty per malformed
+    call); the call rewards are filled in place, as JADE's and DECOR's are by evaluation."""
+    if not ep.meta.get("answered_every_turn"):
+        raise ValueError(f"episode {ep.episode_id} ({ep.question_id}): M-ASK's turn-level rewards (Eq. 2-3) need the "
+                         f"Answer agent after every turn; this episode answered once at the end (set the row's "
+                         f"answer_every_turn: true, or mask.answer_every_turn)")
+    annotate_mask_episode(ep, penalty)
+    return float(sum(c.reward for c in ep.calls) / len(ep.calls))
+
+
+# a row that answers after every turn (ragteam.eval.evaluate.has_team_reward); the penalty: mask.format_penalty
+TEAM_REWARDS = {"mask": TeamReward(lambda ep, cfgs: mask_team_reward(ep, cfgs.mask.format_penalty))}
 
 
 # ---- the guided-decoding grammars of its `mask_grammar` rows (ragteam.agents.grammars) -------------------------------
@@ -262,4 +280,5 @@ def mask_oracle(params: dict[str, Any]) -> OracleSystem:
 
 
 SYSTEM = System(name="mask", section="mask", config=MaskConfig, train_params=MaskTrainParams, joint=mask_system,
-                reward_text=REWARD_TEXT, oracle=mask_oracle, grammars=GRAMMARS, probe_row={"answer_every_turn": True})
+                reward_text=REWARD_TEXT, oracle=mask_oracle, grammars=GRAMMARS, team_rewards=TEAM_REWARDS,
+                probe_row={"answer_every_turn": True})

@@ -14,6 +14,7 @@ from typing import Any
 
 from ragteam.config import Strict
 from ragteam.retrieval.base import Retriever
+from ragteam.rewards.team import TeamReward
 from ragteam.train.checkpoints import TrainResult
 from ragteam.train.joint.params import PPOParams
 from ragteam.train.joint.system import JointSystem
@@ -51,6 +52,9 @@ class System:
     # role -> regex: its roles' output formats for guided decoding, the `<system>_grammar` rows of evaluate
     # (`ragteam.agents.grammars`); empty: no grammar rows
     grammars: dict[str, str] = field(default_factory=dict)
+    # evaluation row kind (`SystemSpec.workflow`) -> the system's own training reward of its finished episodes
+    # (`metrics["team_reward"]`, ragteam.rewards.team); a kind without one has no team reward
+    team_rewards: dict[str, TeamReward] = field(default_factory=dict)
 
     def build_joint(self, params: dict[str, Any], retriever: Retriever, *args) -> JointSystem:
         if self.joint is None:

@@ -11,12 +11,13 @@ from typing import Any
 
 from ragteam.agents import qagent as Q
 from ragteam.agents.grammars import text
-from ragteam.agents.qagent_workflow import ROLE, QAgentConfig, agent_sampling, run_qagent
+from ragteam.agents.qagent_workflow import GENERATOR_ROLE, ROLE, QAgentConfig, agent_sampling, knowledge, run_qagent
 from ragteam.config import parse_section
 from ragteam.llm import Messages
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.qagent import qagent_rewards_stage1
+from ragteam.rewards.qagent import qagent_reward_stage1, qagent_reward_stage2, qagent_rewards_stage1
+from ragteam.rewards.team import TeamReward
 from ragteam.systems.spec import System
 from ragteam.train.joint.system import JointSystem
 from ragteam.systems.qagent.train import QAgentTrainParams, stage_ppo, train_qagent
@@ -42,6 +43,39 @@ REWARD_TEXT = ("QAgent, one reward per trajectory, group-normalised over its que
                "frozen generator G over the deduplicated passages K; non-strict EM = G's answer contains a gold "
                "answer as whole tokens, Hit = a passage of K does). A trajectory cut at max_seq_len keeps its "
                "place in its group's statistics but does not train (its loss is masked).")
+
+
+# ---- evaluation: its rows' team reward (ragteam.rewards.team) -------------------------------------------------------
+
+def generator_answer(ep: Episode) -> str:
+    """What stage 2's reward reads as G(q, K) of a plug-in episode: its generator call's answer, or "" where that
+    call is malformed or was resampled (the stub it replaced did not parse)."""
+    gen = [c for c in ep.calls if c.role == GENERATOR_ROLE]
+    if not gen:
+        raise ValueError(f"episode {ep.episode_id} ({ep.question_id}): a plug-in QAgent episode without its "
+                         f"generator call ({GENERATOR_ROLE})")
+    g = gen[-1]
+    if g.format_error is not None or "resampled" in g.meta:
+        return ""
+    return g.parsed or ""
+
+
+def qagent_team_reward(ep: Episode, plugin: bool, hit_weight: float, passage_words: int | None) -> float:
+    """Eq. 7 for an end-to-end QAgent episode, Eq. 8-10 for a plug-in one (G(q, K): `generator_answer`)."""
+    if not plugin:
+        return float(qagent_reward_stage1(ep))
+    return float(qagent_reward_stage2(generator_answer(ep), knowledge(ep), ep.golden_answers, hit_weight,
+                                      passage_words))
+
+
+# `qagent` rows: Eq. 7; `qagent_plugin` rows: Eq. 8-10 with hit_weight joint.qagent.hit_weight, whose generator G is
+# an answering role the answer fallback serves
+TEAM_REWARDS = {
+    "qagent": TeamReward(lambda ep, cfgs: qagent_team_reward(ep, False, cfgs.qagent_hit_weight,
+                                                             cfgs.qagent.passage_words)),
+    "qagent_plugin": TeamReward(lambda ep, cfgs: qagent_team_reward(ep, True, cfgs.qagent_hit_weight,
+                                                                    cfgs.qagent.passage_words), resampled_ok=True),
+}
 
 
 # ---- the guided-decoding grammars of its `qagent_grammar` rows (ragteam.agents.grammars) ----------------------------
@@ -136,4 +170,5 @@ def qagent_oracle(params: dict[str, Any]) -> OracleSystem:
 
 SYSTEM = System(name="qagent", section="qagent", config=QAgentConfig, train_params=QAgentTrainParams,
                 joint=qagent_system, reward_text=REWARD_TEXT, oracle=qagent_oracle, stages=("stage1", "stage2"),
-                stage_ppo=stage_ppo, train_stages=train_qagent, grammars=GRAMMARS)
+                stage_ppo=stage_ppo, train_stages=train_qagent, grammars=GRAMMARS,
+                team_rewards=TEAM_REWARDS)
