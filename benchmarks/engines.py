@@ -150,11 +150,11 @@ def _joint(params: dict, retriever, pool: Path, n: int):
     from ragteam.config import parse_section
     from ragteam.llm import LLMConfig
     from ragteam.llm.policy import Rollouts, policy_engine
-    from ragteam.train.systems import build_system
-    from stages.train_joint import load_joint
+    from ragteam.systems import build_joint
+    from ragteam.systems.params import load_joint
 
     ppo, _, _ = load_joint(params, "mask")
-    system = build_system("mask", params, retriever)
+    system = build_joint("mask", params, retriever)
     rows = _rows(pool, max(n, ppo.steps * ppo.questions_per_step))
     llm = parse_section(params, "llm", LLMConfig)
 

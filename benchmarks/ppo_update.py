@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from ragteam.train.joint.params import PPOParams
-    from ragteam.train.systems import mask_system, jade_system
+    from ragteam.systems.mask import mask_system, jade_system
 
     torch.set_num_threads(a.threads)
     params = yaml.safe_load((REPO / "params.yaml").read_text())

@@ -428,7 +428,7 @@ def ask(
 
 @app.command("oracle-traces")
 def oracle_traces(
-    system: str = typer.Argument(..., help="a joint system with an oracle (ragteam.warmup.oracle.SYSTEMS)"),
+    system: str = typer.Argument(..., help="a joint system with an oracle (ragteam.systems.REGISTRY)"),
     pool: Path = typer.Option(Path("data/prepared/train/pool.jsonl"), help="training pool (FlashRAG QA rows)"),
     corpus: Path = typer.Option(Path("data/prepared/corpus.jsonl"), help="corpus JSONL (the gold passages)"),
     index: Optional[str] = typer.Option(None, help="index dir or http(s) service (default: joint.retriever)"),
@@ -444,19 +444,19 @@ def oracle_traces(
 
     from ragteam.config import load_params
     from ragteam.retrieval import open_retriever
-    from ragteam.warmup.oracle import oracle_system
+    from ragteam.systems import oracle_system
     from ragteam.warmup.traces import write_system_traces
 
     try:
         p = load_params(params)
-        oracle_system(system, p)          # an unknown system fails here, before the tokenizer and index load
+        player = oracle_system(system, p)   # an unknown system fails here, before the tokenizer and index load
         _local_input(model or p["llm"]["model"], "model directory (--model, default llm.model)",
                      "run `dvc repro prepare_models` (or `dvc pull models/llm`) first")
         _local_input(index or p["joint"]["retriever"], "index (--index, default joint.retriever)",
                      "build it with `dvc repro index_bm25@bm25s` or `dvc pull` it")
         tok = AutoTokenizer.from_pretrained(str(model or p["llm"]["model"]))
         retriever = open_retriever(index or p["joint"]["retriever"], corpus=corpus)
-        summary = write_system_traces(system, pool, corpus, retriever, benchmarks, tok, p,
+        summary = write_system_traces(player, pool, corpus, retriever, benchmarks, tok, p,
                                       out or Path("data/warmup") / system, max_questions)
     except (ValueError, OSError) as e:
         raise fail(e)

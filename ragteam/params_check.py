@@ -15,17 +15,14 @@ from typing import Any
 
 from ragteam.config import ParamsError, parse_section
 
-# params.yaml section -> "module:Model" its stage parses it with
+# params.yaml section -> "module:Model" its stage parses it with; the registered systems' own sections are theirs
+# (`System.section`, `System.config`: `system_sections`)
 SECTIONS: dict[str, str] = {
     "models": "stages.prepare_models:ModelsParams",
     "data": "stages.prepare_data:DataParams",
     "retrieval": "ragteam.retrieval.config:RetrievalParams",
     "llm": "ragteam.llm:LLMConfig",
     "maps": "ragteam.agents.maps_workflow:MapsConfig",
-    "jade": "ragteam.agents.jade_workflow:JadeConfig",
-    "qagent": "ragteam.agents.qagent_workflow:QAgentConfig",
-    "decor": "ragteam.agents.decor_workflow:DecorConfig",
-    "mask": "ragteam.agents.mask_workflow:MaskConfig",
     "eval": "ragteam.eval.evaluate:EvalConfig",
     "eval_agents": "ragteam.eval.agents:EvalAgentsConfig",
     "synthesize": "stages.synthesize:SynthesizeParams",
@@ -33,7 +30,7 @@ SECTIONS: dict[str, str] = {
     "train_query": "stages.common:TrainQueryParams",
     "label_judge": "stages.common:LabelJudgeParams",
     "train_judge": "stages.common:TrainJudgeParams",
-    "warmup": "ragteam.warmup.sft:WarmupParams",
+    "warmup": "ragteam.systems.warmup:WarmupSection",
     "openrlhf": "stages.common:OpenRLHFParams",
 }
 
@@ -47,21 +44,31 @@ def _model(ref: str) -> type | None:
         return None
 
 
+def system_sections() -> dict[str, type]:
+    """params.yaml section -> the model its system parses it with, for every registered system that has one."""
+    from ragteam.systems import REGISTRY
+
+    return {s.section: s.config for s in REGISTRY.values() if s.section is not None and s.config is not None}
+
+
 def check_params(params: dict[str, Any], source: str = "params.yaml") -> None:
     """Raise ParamsError naming a bad section's keys and values, or an unknown joint system. Sections the file does not
     have are left to the stages that need them (each names a missing section when it starts)."""
     for section, ref in SECTIONS.items():
         if section in params and (model := _model(ref)) is not None:
             parse_section(params, section, model, source)
-    if "joint" not in params or _model("stages.train_joint:load_joint") is None:
+    for section, model in system_sections().items():
+        if section in params:
+            parse_section(params, section, model, source)
+    if "joint" not in params:
         return
-    from ragteam.train.systems import SYSTEMS
-    from stages.train_joint import load_joint
+    from ragteam.systems import joint_names
+    from ragteam.systems.params import load_joint
 
     systems = (params["joint"] or {}).get("systems") or []
     if not isinstance(systems, list):
         raise ParamsError(f"{source}: joint.systems must be a list of system names, got {systems!r}")
-    known = sorted(SYSTEMS)     # the trainer's registry: joint.probe, .ppo, .retriever are sections, not systems
+    known = joint_names()     # the registry's: joint.probe, .ppo, .retriever are sections, not systems
     unknown = [s for s in systems if s not in known]
     if unknown:
         raise ParamsError(f"{source}: joint.systems: unknown system(s) {unknown} (known: {', '.join(known)})")

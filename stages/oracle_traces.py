@@ -29,7 +29,7 @@ def run(system_name: str, params: dict) -> dict:
     from transformers import AutoTokenizer
 
     from ragteam.retrieval import open_retriever
-    from ragteam.warmup.oracle import oracle_system
+    from ragteam.systems import oracle_system
     from ragteam.warmup.traces import write_system_traces
 
     questions = (params.get("warmup") or {}).get("questions")   # the whole section is warmup_joint's (WarmupParams)
@@ -37,12 +37,12 @@ def run(system_name: str, params: dict) -> dict:
         raise ParamsError(f"params.yaml: warmup.questions must be an integer >= 0 (0 = the whole pool), got "
                           f"{questions!r}")
     llm = parse_section(params, "llm", LLMConfig)
-    oracle_system(system_name, params)          # an unknown system fails here, before the tokenizer and index load
+    system = oracle_system(system_name, params)   # an unknown system fails here, before the tokenizer and index load
     for path, stage in ((POOL, "prepare_data"), (CORPUS, "prepare_data"), (BENCHMARKS, "prepare_data")):
         if not path.exists():
             raise DataError(f"{path}: missing; run stage {stage} first (dvc repro)")
     retriever = open_retriever(params["joint"]["retriever"], corpus=CORPUS)
-    return write_system_traces(system_name, POOL, CORPUS, retriever, BENCHMARKS,
+    return write_system_traces(system, POOL, CORPUS, retriever, BENCHMARKS,
                                AutoTokenizer.from_pretrained(llm.model), params, TRACES / system_name,
                                questions)
 

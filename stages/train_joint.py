@@ -3,7 +3,7 @@ system (PPO with a critic for M-ASK; DECOR's per-role group advantages, no criti
 
 Usage: python -m stages.train_joint <system> (dvc.yaml: `foreach: ${joint.systems}`). Reads `joint.ppo` (shared
 PPO settings), `joint.<system>` (training questions, per-system PPO overrides, and for QAgent its training params)
-and the system's own inference section (e.g. `mask`). QAgent trains in two stages (`run_qagent`). Writes
+and the system's own inference section (e.g. `mask`). QAgent trains in two stages (`run_staged`). Writes
 models/agents/<system> (LoRA merged, safetensors + model card), the curves reports/training/train_joint_<system>/
 (DVCLive; + PNG) and metrics/train_joint_<system>.json. Checkpoints live in checkpoints/train_joint_<system> (not a
 DVC out): a killed run, rerun, resumes from the last one.
@@ -16,78 +16,38 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
-from ragteam.config import ParamsError, Strict, deep_merge, parse_section
+from ragteam.config import parse_section
 from ragteam.data.formats import load_qa
 from ragteam.io import DataError
 from ragteam.llm import LLMConfig
 from ragteam.train.curves import collapsed
-from ragteam.train.joint.params import PPOParams
+from ragteam.systems.params import JointSections, load_joint
+from ragteam.systems.warmup import WarmupSection
 from ragteam.train.joint.loop import train_joint_ppo
-from ragteam.train.probe import ProbeParams, probe_questions, probe_schedule, probe_summary, team_reward_probe
-from ragteam.train.qagent import QAgentTrainParams
-from ragteam.train.systems import JadeTrainParams, MaskTrainParams
+from ragteam.eval.probe import team_reward_probe
+from ragteam.train.probe import probe_questions, probe_schedule, probe_summary
 from ragteam.warmup.start import WARMUP_DIR, start_model
 from stages.common import CHECKPOINTS, finish_agent, stage_main
 
 POOL = Path("data/prepared/train/pool.jsonl")
 
 
-class JointSystemParams(Strict):
-    """`joint.<system>`: what one joint system trains on, and its overrides of `joint.ppo`."""
-
-    max_questions: int = Field(0, ge=0)          # first n questions of the training pool; 0 = all
-    ppo: dict[str, Any] = Field(default_factory=dict)
-
-
-class JointParams(Strict):
-    """params.yaml `joint`. A new joint system adds its name to `systems` and its sub-section here."""
-
-    systems: list[str] = Field(min_length=1)
-    retriever: str                               # index dir or http(s) service the rollouts search
-    ppo: dict[str, Any]                          # validated as PPOParams (with each system's overrides)
-    mask: MaskTrainParams = MaskTrainParams()          # JointSystemParams' fields + M-ASK's estimator choice
-    jade: JadeTrainParams = JadeTrainParams()          # JointSystemParams' fields + JADE's estimator choice
-    decor: JointSystemParams = JointSystemParams()
-    qagent: QAgentTrainParams = QAgentTrainParams()   # JointSystemParams' fields + QAgent's two-stage GRPO
-    probe: ProbeParams = ProbeParams()           # the team-reward probe on the pool's last questions (ragteam.train.probe)
-
-
-def load_joint(params: dict, system: str) -> tuple[PPOParams, JointParams, JointSystemParams | MaskTrainParams | JadeTrainParams]:
-    """Validate `joint` for `system`: unknown keys anywhere (joint.*, joint.ppo.*, joint.<system>.ppo.*) are errors
-    naming the key."""
-    jp = parse_section(params, "joint", JointParams)
-    if system not in jp.systems:
-        raise ParamsError(f"params.yaml: system {system!r} is not in joint.systems {jp.systems}")
-    sp: JointSystemParams | MaskTrainParams | JadeTrainParams = getattr(jp, system)
-    unknown = sorted(set(sp.ppo) - set(PPOParams.model_fields))
-    if unknown:
-        raise ParamsError(f"params.yaml: unknown key(s) joint.{system}.ppo.{', joint.{system}.ppo.'.join(unknown)} "
-                          f"(known: {', '.join(PPOParams.model_fields)})")
-    base = parse_section(params, "joint.ppo", PPOParams)
-    merged = deep_merge(base.model_dump(), sp.ppo)
-    ppo = parse_section({"joint": {system: {"ppo": merged}}}, f"joint.{system}.ppo", PPOParams)
-    return ppo, jp, sp
-
-
-def make_probe(system: str, params: dict, jp: JointParams, pool: Sequence[dict], max_questions: int, retriever,
+def make_probe(system: str, params: dict, jp: JointSections, pool: Sequence[dict], max_questions: int, retriever,
                total_steps: int):
     """The team-reward probe of `system`'s RL (`joint.probe`; None when off) and the global steps it runs at: the
     pool's last `joint.probe.questions`, clear of RL's questions and of the warm-up's traced ones."""
-    from ragteam.warmup.sft import WarmupParams
 
     if not jp.probe.questions:
         return None, set(), []
     used = {f"joint.{system}.max_questions": max_questions}
     if "warmup" in params:   # the traced questions, whether or not a warm-up runs (the check stays one rule)
-        used["warmup.questions"] = parse_section(params, "warmup", WarmupParams).questions
+        used["warmup.questions"] = parse_section(params, "warmup", WarmupSection).questions
     rows = probe_questions(pool, jp.probe.questions, used)
     return (team_reward_probe(system, rows, retriever, params), probe_schedule(total_steps, jp.probe.every),
             [r["id"] for r in rows])
 
 
-def probe_tag(jp: JointParams, steps: set[int], ids: Sequence[str]) -> dict[str, Any]:
+def probe_tag(jp: JointSections, steps: set[int], ids: Sequence[str]) -> dict[str, Any]:
     """What of the probe goes into the checkpoints' fingerprint: its entries are in the saved log, so a run resumed
     under another probe would mix two probes' curves (empty when off: fingerprints of runs without it unchanged)."""
     return {"probe": {"steps": sorted(steps), "questions": list(ids)}} if jp.probe.questions else {}
@@ -97,7 +57,7 @@ def probe_tag(jp: JointParams, steps: set[int], ids: Sequence[str]) -> dict[str,
 PROBE_PANEL = ("probe: team reward, F1 (held-out, greedy)", ["probe/team_reward", "probe/f1"])
 
 
-def probe_card(jp: JointParams, ids: Sequence[str]) -> dict[str, Any]:
+def probe_card(jp: JointSections, ids: Sequence[str]) -> dict[str, Any]:
     """The probe's settings and questions for the model card; nothing when off, so an agent trained without it
     saves the same bytes as before the probe existed."""
     return {"joint.probe": {**jp.probe.model_dump(), "question_ids": list(ids)}} if jp.probe.questions else {}
@@ -123,10 +83,11 @@ def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> lis
 
 def run(system_name: str, params: dict) -> dict:
     from ragteam.retrieval import open_retriever
-    from ragteam.train.systems import REWARD_TEXT, build_system
+    from ragteam.systems import joint_system
 
-    if system_name == "qagent":
-        return run_qagent(params)
+    spec = joint_system(system_name)
+    if spec.stages:
+        return run_staged(system_name, params)
     ppo, jp, sp = load_joint(params, system_name)
     llm = parse_section(params, "llm", LLMConfig).for_stage(f"train_joint_{system_name}")
     if not POOL.is_file():
@@ -136,7 +97,7 @@ def run(system_name: str, params: dict) -> dict:
     retriever = open_retriever(jp.retriever)
     probe, probe_steps, probe_ids = make_probe(system_name, params, jp, pool, sp.max_questions, retriever, ppo.steps)
     start = start_model(WARMUP_DIR / system_name, llm.model)
-    system = build_system(system_name, params, retriever)
+    system = spec.build_joint(params, retriever)
     if start != llm.model:   # frozen helper roles on "the base model" stay on the backbone, not on the warm-up's weights
         system = dataclasses.replace(system, frozen_roles={r: p or llm.model for r, p in system.frozen_roles.items()})
     stage = f"train_joint_{system_name}"
@@ -175,7 +136,7 @@ def run(system_name: str, params: dict) -> dict:
         backend=f"ragteam joint PPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
         params={"joint.ppo": ppo.model_dump(), f"joint.{system_name}": sp.model_dump(), "system": system.describe,
                 "retriever": jp.retriever, **probe_card(jp, probe_ids)},
-        reward=REWARD_TEXT[system_name], extra_metrics=extra, panels=panels(system.roles, system.critic, list(system.stats)),
+        reward=spec.reward_text, extra_metrics=extra, panels=panels(system.roles, system.critic, list(system.stats)),
         title=(f"{system_name}: joint {'PPO' if system.critic else 'group policy gradient'}, {ppo.steps} steps x "
                f"{ppo.questions_per_step} questions{group}"),
         notes=(f"One policy for every role ({', '.join(system.roles)}); each AgentCall of a rollout is a sample "
@@ -187,42 +148,44 @@ def run(system_name: str, params: dict) -> dict:
                f"episode F1 and response length both falling below {1 - ppo.collapse_drop:.0%} of their best window."))
 
 
-QAGENT_PANELS = [("reward", ["reward", "episode_f1"]), PROBE_PANEL, "zero_advantage", "policy_loss", "grad_norm/policy",
+STAGED_PANELS = [("reward", ["reward", "episode_f1"]), PROBE_PANEL, "zero_advantage", "policy_loss", "grad_norm/policy",
                  ("KL", ["approx_kl", "kl_ref", "kl_start"]), "response_tokens", ("format errors, cut at max_seq_len",
                                                                       ["format_error_rate", "truncated"]),
                  ("turns, searches", ["turns", "searches"])]
 
 
-def run_qagent(params: dict) -> dict:
-    """train_joint@qagent: stage 1 (Eq. 7) then stage 2 (Eq. 8-10) from the stage-1 model, each a run of the
-    joint loop with QAgent's adapter (`ragteam.train.qagent`); the stage-2 reward's frozen generator G is
-    `joint.qagent.generator` (null: llm.model) with llm.sampling.answer_agent, loaded only for stage 2."""
+def run_staged(system_name: str, params: dict) -> dict:
+    """train_joint@<system> of a system trained in successive stages (`System.stages`; QAgent: stage 1 (Eq. 7) then
+    stage 2 (Eq. 8-10) from the stage-1 model), each a run of the joint loop with the system's adapter of that stage
+    (`System.stage_ppo`, `System.train_stages`); the later stages' reward's frozen generator G is
+    `joint.<system>.generator` (null: llm.model) with llm.sampling.answer_agent, loaded only when a stage's reward
+    calls it."""
     from ragteam.llm import EnginePool, Team
     from ragteam.retrieval import open_retriever
-    from ragteam.train.qagent import stage_ppo, train_qagent
-    from ragteam.train.systems import REWARD_TEXT, qagent_system
+    from ragteam.systems import joint_system
 
-    stage = "train_joint_qagent"
-    ppo, jp, tp = load_joint(params, "qagent")
-    llm = parse_section(params, "llm", LLMConfig).for_stage("train_joint_qagent")
-    per_stage = {s: stage_ppo(ppo, tp, s) for s in tp.stages}
+    spec = joint_system(system_name)
+    stage = f"train_joint_{system_name}"
+    ppo, jp, tp = load_joint(params, system_name)
+    llm = parse_section(params, "llm", LLMConfig).for_stage(stage)
+    per_stage = {s: spec.stage_ppo(ppo, tp, s) for s in tp.stages}
     if not POOL.is_file():
         raise DataError(f"{POOL}: missing (training questions); run stage prepare_data first (dvc repro)")
     pool = load_qa(POOL)
     rows = pool[: tp.max_questions] if tp.max_questions else pool
     retriever = open_retriever(jp.retriever)
-    probe, probe_steps, probe_ids = make_probe("qagent", params, jp, pool, tp.max_questions, retriever,
+    probe, probe_steps, probe_ids = make_probe(system_name, params, jp, pool, tp.max_questions, retriever,
                                                sum(per_stage[s].steps for s in tp.stages))
     generator_model = tp.generator or llm.model
-    start = start_model(WARMUP_DIR / "qagent", llm.model)
+    start = start_model(WARMUP_DIR / system_name, llm.model)
     pool = EnginePool(llm)
     generator = Team(lambda role: pool.get(generator_model), dict(llm.sampling))
-    systems = {s: (lambda s=s: qagent_system(params, retriever, s, generator if s == "stage2" else None))
-               for s in tp.stages}
+    # every stage gets G; only a stage whose reward calls it (QAgent's stage 2) loads it
+    systems = {s: (lambda s=s: spec.build_joint(params, retriever, s, generator)) for s in tp.stages}
     print(f"{stage}: from {start}, {' then '.join(f'{s} {per_stage[s].steps} steps' for s in tp.stages)}, each "
           f"{ppo.questions_per_step} questions x G {tp.group_size} of {len(rows)}, LoRA {ppo.lora.enabled}, "
           f"generator {generator_model}, on {llm.backend}/{llm.device}", flush=True)
-    result, curve = train_qagent(
+    result, curve = spec.train_stages(
         systems, rows, start, CHECKPOINTS / stage, per_stage, llm, dict(llm.sampling),
         run_tag={"retriever": jp.retriever, "max_questions": tp.max_questions, "generator": generator_model,
                  **probe_tag(jp, probe_steps, probe_ids)},
@@ -242,19 +205,20 @@ def run_qagent(params: dict) -> dict:
                 q = max(len(ys) // 4, 1)
                 extra[f"{s}/{col}_first"] = round(sum(ys[:q]) / q, 4)
                 extra[f"{s}/{col}_last"] = round(sum(ys[-q:]) / q, 4)
-        # the share of the stage's trajectories cut at max_seq_len (not trained: ragteam.train.qagent)
+        # the share of the stage's trajectories cut at max_seq_len (not trained: System.train_stages)
         extra[f"{s}/truncated"] = round(sum(r.get("truncated", 0.0) for r in rs) / max(len(rs), 1), 4)
         extra[f"{s}_seconds"] = round(sum(r.get("step_seconds", 0.0) for r in rs), 1)
         extra[f"{s}/nonfinite_grad_steps"] = sum(int(r.get("nonfinite_grad_steps", 0)) for r in rs)
         extra[f"{s}/optimizer_steps"] = sum(int(r.get("optimizer_steps", 0)) for r in rs)
     return finish_agent(
-        result, curve, stage=stage, agent="qagent", base_model=start,
+        result, curve, stage=stage, agent=system_name, base_model=start,
         backend=f"ragteam joint loop, multi-turn GRPO ({ppo.rollout_backend} rollouts)", data={"train_pool": POOL},
-        params={"joint.qagent": tp.model_dump(), **{f"joint.ppo ({s})": per_stage[s].model_dump() for s in tp.stages},
-                "qagent": dict(params.get("qagent") or {}),
+        params={f"joint.{system_name}": tp.model_dump(),
+                **{f"joint.ppo ({s})": per_stage[s].model_dump() for s in tp.stages},
+                system_name: dict(params.get(spec.section) or {}),
                 "retriever": jp.retriever, "generator": generator_model, **probe_card(jp, probe_ids)},
-        reward=REWARD_TEXT["qagent"], extra_metrics=extra, panels=QAGENT_PANELS,
-        title=f"qagent: multi-turn GRPO, {' + '.join(f'{per_stage[s].steps} ({s})' for s in tp.stages)} steps x "
+        reward=spec.reward_text, extra_metrics=extra, panels=STAGED_PANELS,
+        title=f"{system_name}: multi-turn GRPO, {' + '.join(f'{per_stage[s].steps} ({s})' for s in tp.stages)} steps x "
               f"{ppo.questions_per_step} questions x G {tp.group_size}",
         notes=(f"One sample per trajectory (G = {tp.group_size} per question), advantage (R - mean) / std over the "
                f"group, no critic; <information> and retry tokens masked out of the loss; loss normalised by each "

@@ -24,7 +24,8 @@ from ragteam.environment import run_record
 from ragteam.train.checkpoints import save_agent
 from ragteam.train.curves import curve_rows, is_wall_clock, summarize, write_curves
 from ragteam.train.model_card import model_card
-from ragteam.warmup.sft import WarmupParams, train_warmup
+from ragteam.systems.warmup import WarmupSection
+from ragteam.warmup.sft import train_warmup
 from ragteam.warmup.start import WARMUP_DIR, WARMUP_OFF
 from stages.common import CHECKPOINTS, CURVES, FIGURES, TENSORBOARD, train_seconds
 from stages.oracle_traces import CORPUS, POOL, TRACES
@@ -41,10 +42,10 @@ def curve(history: list[dict]) -> list[dict]:
 
 
 def run(system_name: str, params: dict) -> dict[str, Any]:
-    from ragteam.warmup.oracle import oracle_system
+    from ragteam.systems import oracle_system
     from ragteam.warmup.traces import read_traces
 
-    wp = parse_section(params, "warmup", WarmupParams).for_system(system_name)
+    wp = parse_section(params, "warmup", WarmupSection).for_system(system_name)
     out = WARMUP_DIR / system_name
     if not wp.enabled:
         with atomic_dir(out) as tmp:

@@ -15,7 +15,7 @@ from ragteam.agents import decor as D
 from ragteam.agents import jade as J
 from ragteam.agents import mask as M
 from ragteam.agents.core import FormatError
-from ragteam.agents.grammars import GRAMMARS, grammar_sampling
+from ragteam.systems import grammar_sampling, grammars
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.eval.evaluate import EvalConfig, SystemSpec, comparison_pairs, make_team
 from ragteam.llm import EngineConfig, LLMConfig, SamplingConfig
@@ -28,9 +28,9 @@ def test_a_regex_must_compile_and_is_carried_by_the_roles_sampling():
         SamplingConfig(regex="<a>(")
     s = grammar_sampling("jade", {"default": SamplingConfig(max_new_tokens=9),
                                   J.PLANNER: SamplingConfig(max_new_tokens=16, temperature=0.5)})
-    assert s[J.PLANNER].regex == GRAMMARS["jade"][J.PLANNER]
+    assert s[J.PLANNER].regex == grammars()["jade"][J.PLANNER]
     assert (s[J.PLANNER].max_new_tokens, s[J.PLANNER].temperature) == (16, 0.5)   # the role's own settings kept
-    assert s[J.QR].max_new_tokens == 9 and s[J.QR].regex == GRAMMARS["jade"][J.QR]
+    assert s[J.QR].max_new_tokens == 9 and s[J.QR].regex == grammars()["jade"][J.QR]
     assert s["default"].regex is None                                              # other roles untouched
     with pytest.raises(ValueError, match="no output grammars for workflow 'maps'"):
         grammar_sampling("maps", {})
@@ -49,7 +49,7 @@ def test_a_regex_must_compile_and_is_carried_by_the_roles_sampling():
 def test_what_a_grammar_admits_its_parser_accepts_and_the_degenerate_outputs_are_outside_it(text, parse, ok):
     """The grammars rule out what a small model writes wrong in any state: plans out of order, the prompt's
     placeholder, a tag with nothing in it; what they admit parses."""
-    role_regexes = [g for grammars in GRAMMARS.values() for g in grammars.values()]
+    role_regexes = [g for grammars in grammars().values() for g in grammars.values()]
     assert any(re.fullmatch(g, text) for g in role_regexes) == ok
     if ok:
         assert not isinstance(parse(text), FormatError)
@@ -67,7 +67,7 @@ def test_grammar_rows_constrain_every_role_of_their_workflow_and_are_paired_with
     make_team(Pool(), plain, {}, "models/llm", sampling)
     make_team(Pool(), guided, {}, "models/llm", sampling)
     assert all(s.regex is None for s in calls[0][1].values())
-    assert {r: calls[1][1][r].regex for r in M.ROLES} == GRAMMARS["mask"]
+    assert {r: calls[1][1][r].regex for r in M.ROLES} == grammars()["mask"]
     assert calls[1][0] == {}                                    # the base model: every role unconstrained otherwise
     systems = {"mask": plain, "mask_grammar": guided, "mask_warmup": SystemSpec(workflow="mask", model="w")}
     assert ("mask_grammar", "mask") in comparison_pairs(systems)
@@ -79,7 +79,7 @@ def test_the_extra_rows_profile_has_a_grammar_row_per_joint_system_beside_the_de
     from ragteam.profiles import merged_params
 
     ev = parse_section(merged_params(["extra_rows"], REPO / "params.yaml", REPO / "profiles"), "eval", EvalConfig)
-    for system in GRAMMARS:
+    for system in grammars():
         spec = ev.systems[f"{system}_grammar"]
         assert spec.grammar and spec.workflow == system and spec.model is None and not spec.trained_agents
         # the pair <system>_grammar vs <system> is scored on the questions both answered (the base row's first n):

@@ -31,11 +31,9 @@ SPECIAL = {"ragteam": 0}
 # imports that still run upward (importer, imported): to remove, not to add to
 KNOWN_UPWARD = {
     ("ragteam.agents.jade_workflow", "ragteam.rewards.jade"),   # JADE's workflow and rewards: one system's module
-    ("ragteam.train.probe", "ragteam.eval.evaluate"),            # the probe scores as evaluate does: a runner to pass in
-    ("ragteam.params_check", "stages.train_joint"),             # the joint params' merge belongs in the library
 }
 # files over MAX_LINES that remain
-KNOWN_LONG = {"ragteam/warmup/oracle.py"}
+KNOWN_LONG: set[str] = set()
 
 
 def layer_of(module: str) -> int | None:

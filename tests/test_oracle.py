@@ -20,7 +20,8 @@ from ragteam.io import DataError, write_jsonl
 from ragteam.llm import LLMConfig, SamplingConfig, chat_text
 from ragteam.profiles import load_profile
 from ragteam.warmup import traces as T
-from ragteam.warmup.oracle import OracleEngine, oracle_system
+from ragteam.systems import oracle_system
+from ragteam.warmup.oracle import OracleEngine
 from ragteam.warmup.gold import GoldError, gold_chain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -403,8 +404,9 @@ def test_every_oracle_output_matches_its_roles_grammar(mask_built, qagent_built,
     answer."""
     import re
 
-    from ragteam.agents.grammars import GRAMMARS
+    from ragteam.systems import grammars
 
+    GRAMMARS = grammars()
     misses, seen = [], Counter()
     for built, rows, _eps, _ in (mask_built, qagent_built, jade_built, decor_built):
         system = built.name

@@ -97,7 +97,7 @@ def test_a_ppo_update_runs_in_bf16_on_the_cpu_over_fp32_adapters(tiny_llama):
     from ragteam.train.joint.batch import Sample
     from ragteam.train.joint.actor_critic import _build_actor_critic, make_optimizer, start_logp
     from ragteam.train.joint.update import _update
-    from ragteam.train.systems import mask_system
+    from ragteam.systems.mask import mask_system
 
     from tests.test_train_ppo import PPO
 

@@ -225,7 +225,7 @@ def test_rl_recipe_profiles_keep_only_their_systems_rows_and_set_the_recipe(tmp_
     # the recipe's keys over the system's own overrides in the default (DECOR's and QAgent's: their RL size), no more
     assert merged["joint"][system]["ppo"] == {**(default["joint"][system].get("ppo") or {}), **ppo}
     if profile.endswith("_group_recipe"):                # the critic-free estimator over 4 rollouts a question
-        from stages.train_joint import load_joint
+        from ragteam.systems.params import load_joint
 
         _, _, sp = load_joint(merged, system)
         assert (sp.estimator, sp.group_size) == ("group", 4)
@@ -245,7 +245,7 @@ def test_the_rl_probe_profile_turns_the_probe_on_and_composes_with_a_recipe(tmp_
     from pathlib import Path
 
     from ragteam.profiles import profile_flags
-    from stages.train_joint import load_joint
+    from ragteam.systems.params import load_joint
 
     repo = Path(__file__).resolve().parents[1]
     params = tmp_path / "params.yaml"

@@ -15,6 +15,7 @@ from helpers_agents import DrawingEngine, KeywordRetriever, ScriptedEngine
 from ragteam.agents import decor, jade, qagent
 from ragteam.agents.decor_workflow import DecorRewardConfig
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
+from ragteam.agents.mask_workflow import MaskConfig
 from ragteam.agents.qagent_workflow import QAgentConfig, run_qagent
 from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs
 from ragteam.io import write_jsonl
@@ -22,12 +23,20 @@ from ragteam.llm import Completion, EngineConfig, EnginePool, LLMConfig, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.rewards.decor import Judgement, assign_rewards as assign_decor
 from ragteam.rewards.jade import JadeRewardConfig, assign_rewards as assign_jade
-from ragteam.rewards.team import set_team_rewards
+from ragteam.rewards.team import set_team_rewards as set_rewards
+from ragteam.systems import team_reward
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [{"id": "x", "question": "What is the capital of Francia?", "golden_answers": ["Paris"]}]
 FRANCE = KeywordRetriever([("Francia", "Paris is the capital of Francia"), ("Rome", "Rome capital Italy"),
                            ("Berlin", "Berlin capital Germany")])
+
+
+def set_team_rewards(episodes, workflow, *, hit_weight=0.5, passage_words=None, mask_penalty=1.0):
+    """Evaluate's call for a row of kind `workflow`, with the params its systems' team rewards read."""
+    cfgs = WorkflowConfigs(qagent_hit_weight=hit_weight, qagent=QAgentConfig(passage_words=passage_words),
+                           mask=MaskConfig(format_penalty=mask_penalty))
+    set_rewards(episodes, workflow, team_reward(workflow), cfgs)
 
 
 def _jade(plan: str, answer: str) -> Episode:

@@ -13,7 +13,7 @@ import yaml
 
 from ragteam.config import parse_section
 from ragteam.eval.evaluate import EvalConfig, comparison_pairs, rows_without_their_stage
-from ragteam.train.qagent import QAgentTrainParams
+from ragteam.systems.qagent.train import QAgentTrainParams
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -56,8 +56,8 @@ def test_mask_answer_of_turn1_earns_more_when_its_own_answer_is_right(profile, s
 
     from ragteam.train.joint.update import assign_advantages
     from ragteam.train.joint.batch import episode_samples
-    from ragteam.train.systems import mask_system
-    from stages.train_joint import load_joint
+    from ragteam.systems.mask import mask_system
+    from ragteam.systems.params import load_joint
 
     params = _profiles()[profile]
     ppo, _, _ = load_joint(params, "mask")
@@ -89,8 +89,9 @@ def test_mask_answer_of_turn1_earns_more_when_its_own_answer_is_right(profile, s
 def test_gae_scope_is_the_systems_not_a_param():
     from ragteam.config import ParamsError
     from ragteam.train.joint.system import JointSystem
-    from ragteam.train.systems import jade_system, mask_system
-    from stages.train_joint import load_joint
+    from ragteam.systems.jade import jade_system
+    from ragteam.systems.mask import mask_system
+    from ragteam.systems.params import load_joint
 
     retr = KeywordRetriever(PASSAGES)
     params = _profiles()["default"]
@@ -176,7 +177,7 @@ def test_paper_profile_step_moves_the_weights_under_bf16(tiny_llama):
 
     from ragteam.train.joint.actor_critic import _build_actor_critic, actor_critic_params, make_optimizer
     from ragteam.train.joint.update import ppo_update
-    from stages.train_joint import load_joint
+    from ragteam.systems.params import load_joint
 
     pp, _, _ = load_joint(_profiles()["paper"], "mask")
     assert not pp.lora.enabled and pp.actor_lr == 2e-7 and pp.critic == "separate"
@@ -216,7 +217,7 @@ PPO = {"steps": 4, "questions_per_step": 1, "minibatch_size": 16, "micro_batch_s
 
 
 def _mask(**overrides):
-    from ragteam.train.systems import mask_system
+    from ragteam.systems.mask import mask_system
 
     retr = KeywordRetriever([("Xland", "Xville is the capital of Xland."), ("Yland", "Yville is in Yland.")])
     system = mask_system({"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8}}, retr)
@@ -347,7 +348,7 @@ def _mask_group_rollouts(turn1_answer: str):
     """One question, 2 rollouts (the group): a_0 = Paris, turn 2 and the final answer Xville, as above; turn 1's
     answer a_1 is Xville in the first rollout and `turn1_answer` in the second (the prompts are equal, so the
     scripted engine alternates by call)."""
-    from ragteam.train.systems import build_system
+    from ragteam.systems import build_joint
 
     seen = iter(range(10_000))
 
@@ -357,7 +358,7 @@ def _mask_group_rollouts(turn1_answer: str):
             return turn1_answer if next(seen) % 2 else "<predicted_answer>Xville</predicted_answer>"
         return mask_reply(role, messages)
 
-    system = build_system("mask", MASK_GROUP, KeywordRetriever(PASSAGES))
+    system = build_joint("mask", MASK_GROUP, KeywordRetriever(PASSAGES))
     rows = [{"id": "q", "question": RIGHT_Q, "golden_answers": ["Xville"]}]
     return system, system.annotate(system.rollout(rows, Team(ScriptedEngine(reply))))
 
@@ -382,7 +383,7 @@ def test_mask_group_estimator_by_hand_a_right_and_a_wrong_turn1_answer():
 
 
 def test_mask_group_estimator_on_degenerate_outputs():
-    from ragteam.train.systems import mask_group_advantages
+    from ragteam.systems.mask import mask_group_advantages
 
     # an empty answer tag at turn 1 scores below the right answer, never above it (F1 0, or the format penalty)
     system, (right, empty) = _mask_group_rollouts("<predicted_answer></predicted_answer>")
@@ -403,9 +404,9 @@ def test_mask_group_estimator_on_degenerate_outputs():
 
 
 def _garbled_pair():
-    from ragteam.train.systems import build_system
+    from ragteam.systems import build_joint
 
-    system = build_system("mask", MASK_GROUP, KeywordRetriever(PASSAGES))
+    system = build_joint("mask", MASK_GROUP, KeywordRetriever(PASSAGES))
     rows = [{"id": "g", "question": "garbled question about Xland?", "golden_answers": ["Xville"]}]
     eps = system.annotate(system.rollout(rows, Team(ScriptedEngine(mask_reply))))
     return eps, system, rows
@@ -413,25 +414,25 @@ def _garbled_pair():
 
 def test_mask_group_estimator_params_and_rollouts():
     from ragteam.config import ParamsError
-    from ragteam.train.systems import build_system
+    from ragteam.systems import build_joint
 
     eps, system, _ = _garbled_pair()
     assert [ep.question_id for ep in eps] == ["g", "g"]          # G = 2 consecutive rollouts of the one question
     assert "mask_group_advantages" in system.describe["advantage"]
-    gae = build_system("mask", {"mask": MASK_GROUP["mask"]}, KeywordRetriever(PASSAGES))
+    gae = build_joint("mask", {"mask": MASK_GROUP["mask"]}, KeywordRetriever(PASSAGES))
     assert gae.critic and gae.gae_scope == "call"                 # the default: the paper's critic
     for bad, match in (({"estimator": "group", "group_size": 1}, "group_size >= 2"),
                        ({"estimator": "gae", "group_size": 4}, "apply to estimator group only"),
                        ({"estimator": "critic"}, "estimator")):
         with pytest.raises(ParamsError, match=match):
-            build_system("mask", {"mask": MASK_GROUP["mask"], "joint": {"mask": bad}}, KeywordRetriever(PASSAGES))
+            build_joint("mask", {"mask": MASK_GROUP["mask"], "joint": {"mask": bad}}, KeywordRetriever(PASSAGES))
 
 
 def test_one_mask_group_step_trains_without_a_critic(tmp_path, tiny_llama):
-    from ragteam.train.systems import build_system
+    from ragteam.systems import build_joint
 
     retr = KeywordRetriever([("Xland", "Xville is the capital of Xland."), ("Yland", "Yville is in Yland.")])
-    system = build_system("mask", {"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8},
+    system = build_joint("mask", {"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8},
                                    "joint": {"mask": {"estimator": "group", "group_size": 2}}}, retr)
     res = _train(tmp_path, tiny_llama, system, steps=1, questions_per_step=2, normalize_advantages=False)
     (e,) = res.log_history

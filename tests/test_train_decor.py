@@ -104,12 +104,12 @@ def decor_params(**decor):
 
 
 def test_decor_system_rolls_out_g_per_question_and_filters_on_role_returns():
-    from ragteam.train.systems import REWARD_TEXT, decor_system
+    from ragteam.systems.decor import REWARD_TEXT, decor_system
 
     system = decor_system(decor_params(), KeywordRetriever(PASSAGES))
     assert system.roles == ("decor_planner", "decor_filter", "decor_answerer") and not system.critic
     assert system.frozen_roles == {"decor_summarizer": None}            # judge: rules needs no model
-    assert system.requires["ratio_level"] == "sequence" and "decor" in REWARD_TEXT
+    assert system.requires["ratio_level"] == "sequence" and "Eq. 6" in REWARD_TEXT
     team, engine = scripted_team()
     eps = system.annotate(system.rollout(ROWS, team))
     assert [e.question_id for e in eps] == ["gamma"] * 4 + ["sky"] * 4
@@ -131,7 +131,7 @@ def test_system_requirements_are_checked_against_the_params(tmp_path):
     from ragteam.config import ParamsError
     from ragteam.train.joint.params import PPOParams
     from ragteam.train.joint.loop import train_joint_ppo
-    from ragteam.train.systems import decor_system
+    from ragteam.systems.decor import decor_system
 
     system = decor_system(decor_params(), KeywordRetriever(PASSAGES))
     p = PPOParams(**{**PPO, "ratio_level": "token"})
@@ -146,7 +146,7 @@ def test_params_profile_and_eval_wiring():
     from ragteam.config import deep_merge, load_params, parse_section
     from ragteam.eval.evaluate import EvalConfig, role_models
     from ragteam.profiles import check_keys, load_profile
-    from stages.train_joint import load_joint
+    from ragteam.systems.params import load_joint
 
     repo = Path(__file__).resolve().parents[1]
     params = load_params(repo / "params.yaml")
@@ -190,7 +190,7 @@ def test_one_decor_step_end_to_end_to_a_checkpoint(tmp_path, tiny_llama, monkeyp
     off-policy, so the sequence ratio moves), a checkpoint."""
     import ragteam.train.joint.update as ppo_mod
     from ragteam.train.decor_adv import decor_advantages
-    from ragteam.train.systems import decor_system
+    from ragteam.systems.decor import decor_system
 
     base = decor_system(decor_params(), KeywordRetriever(PASSAGES))
     team, _ = scripted_team()
@@ -244,7 +244,7 @@ def test_a_step_whose_groups_are_all_dropped_is_skipped_cleanly(tmp_path, tiny_l
     """Live rollouts of the random policy: nothing is well formed, every trajectory is truncated (R_team 0 in
     every group), dynamic sampling keeps nothing: no optimiser step, no NaN, the step still logs and checkpoints;
     the frozen summarizer never becomes a sample."""
-    from ragteam.train.systems import decor_system
+    from ragteam.systems.decor import decor_system
 
     system = decor_system(decor_params(), KeywordRetriever(PASSAGES))
     res = _train(tmp_path, tiny_llama, system, steps=2)
@@ -393,7 +393,7 @@ def test_the_loop_refills_a_step_whose_group_carries_no_signal(tmp_path, tiny_ll
     """The Gamma group (every trajectory right, every role reward equal) is dropped; the step rolls out the third
     question (Blue Moon, half right) and trains on two groups."""
     from ragteam.train.joint.batch import _questions
-    from ragteam.train.systems import decor_system
+    from ragteam.systems.decor import decor_system
 
     rows = ROWS + [{"id": "moon", "question": "Who wrote Blue Moon?", "golden_answers": ["Ray Mond"]}]
     monkeypatch.setitem(ANSWERS, "Who wrote Blue Moon?", ["Ray Mond", "Omega", "Omega", "Ray Mond"])
@@ -424,7 +424,7 @@ def test_a_trajectory_without_a_filter_call_trains_and_eq6_skips_it_for_the_filt
     are normalised over the three trajectories that have a Filter call."""
     import ragteam.train.joint.update as ppo_mod
     from ragteam.train.decor_adv import role_group_normalize, role_returns
-    from ragteam.train.systems import decor_system
+    from ragteam.systems.decor import decor_system
 
     base = decor_system(decor_params(), KeywordRetriever(PASSAGES))
     team, _ = scripted_team()

@@ -14,7 +14,8 @@ from test_agents_jade import CASE1_Q, CASE2_Q, PASSAGES, REWRITE2, case_reply, c
 from ragteam.agents import jade
 from ragteam.config import deep_merge
 from ragteam.llm import Team
-from ragteam.train.systems import REWARD_TEXT, build_system
+from ragteam.systems import build_joint
+from ragteam.systems.jade import REWARD_TEXT
 
 REPO = Path(__file__).resolve().parents[1]
 CASE1_ROLES = [jade.PLANNER, jade.QDS, jade.QR, jade.PLANNER, jade.AG, jade.QR, jade.PLANNER, jade.DS, jade.AG,
@@ -28,7 +29,7 @@ R1, R2 = 0.3, 0.7
 
 def _system(reply=case_reply):
     params = {"jade": {"top_k": 5, "reward": REWARD}}
-    system = build_system("jade", params, KeywordRetriever(PASSAGES))
+    system = build_joint("jade", params, KeywordRetriever(PASSAGES))
     return system, system.annotate(system.rollout(case_rows(), Team(ScriptedEngine(reply))))
 
 
@@ -43,7 +44,7 @@ def _malformed(role, m):
 
 def test_terminal_reward_only_on_the_last_call_of_each_episode():
     system, (c1, c2) = _system()
-    assert system.name == "jade" and system.roles == jade.ROLES and "Eq. 6-8" in REWARD_TEXT["jade"]
+    assert system.name == "jade" and system.roles == jade.ROLES and "Eq. 6-8" in REWARD_TEXT
     assert [c.role for c in c1.calls] == CASE1_ROLES and [c.role for c in c2.calls] == [jade.PLANNER, jade.DS,
                                                                                           jade.AG]
     assert [c.reward for c in c1.calls] == pytest.approx([0.0] * 9 + [R1])      # AS: F1 1 minus the costs
@@ -123,7 +124,7 @@ def test_one_jade_ppo_step_from_rollouts_to_a_checkpoint(tiny_llama, tmp_path):
     from ragteam.train.joint.loop import train_joint_ppo
 
     params = {"jade": {"top_k": 2, "passage_words": 8, "reward": {"format_penalty": 1.0}}}
-    system = build_system("jade", params, KeywordRetriever(PASSAGES))
+    system = build_joint("jade", params, KeywordRetriever(PASSAGES))
     rows = [{"id": "c1", "question": CASE1_Q, "golden_answers": ["American"]},
             {"id": "c2", "question": CASE2_Q, "golden_answers": ["1982"]}]
     p = PPOParams(steps=1, questions_per_step=2, minibatch_size=4, micro_batch_size=2, actor_lr=1e-2,
@@ -154,7 +155,7 @@ def test_one_jade_ppo_step_from_rollouts_to_a_checkpoint(tiny_llama, tmp_path):
 def _group_system(g=2, reply=case_reply):
     params = {"jade": {"top_k": 5, "reward": REWARD},
               "joint": {"jade": {"estimator": "group", "group_size": g}}}
-    system = build_system("jade", params, KeywordRetriever(PASSAGES))
+    system = build_joint("jade", params, KeywordRetriever(PASSAGES))
     return system, system.annotate(system.rollout(case_rows(), Team(ScriptedEngine(reply))))
 
 
@@ -194,7 +195,7 @@ def test_group_estimator_rolls_out_each_question_g_times_and_credits_every_call_
 
     system, eps = _group_system(g=2, reply=alternating)
     c2 = [i for i, ep in enumerate(eps) if ep.question == CASE2_Q]
-    from ragteam.train.systems import episode_return
+    from ragteam.rewards.team import episode_return
     rets = [episode_return(eps[i]) for i in c2]
     assert sorted(rets) == pytest.approx([R2 - 2.0, R2])
     adv = system.advantage(eps)
@@ -212,7 +213,7 @@ def test_group_estimator_params_are_checked():
                        ({"estimator": "gae", "group_size": 4}, "apply to estimator group only"),
                        ({"estimator": "critic"}, "estimator")):
         with pytest.raises(ParamsError, match=match):
-            build_system("jade", {"jade": {"reward": REWARD}, "joint": {"jade": bad}}, KeywordRetriever(PASSAGES))
+            build_joint("jade", {"jade": {"reward": REWARD}, "joint": {"jade": bad}}, KeywordRetriever(PASSAGES))
 
 
 def test_one_group_step_logs_the_spread_in_groups_and_the_advantage_magnitude(tiny_llama, tmp_path):
@@ -222,7 +223,7 @@ def test_one_group_step_logs_the_spread_in_groups_and_the_advantage_magnitude(ti
 
     params = {"jade": {"top_k": 2, "passage_words": 8, "reward": {"format_penalty": 1.0}},
               "joint": {"jade": {"estimator": "group", "group_size": 3}}}
-    system = build_system("jade", params, KeywordRetriever(PASSAGES))
+    system = build_joint("jade", params, KeywordRetriever(PASSAGES))
     rows = [{"id": "c1", "question": CASE1_Q, "golden_answers": ["American"]},
             {"id": "c2", "question": CASE2_Q, "golden_answers": ["1982"]}]
     p = PPOParams(steps=1, questions_per_step=2, minibatch_size=16, micro_batch_size=4, actor_lr=1e-2,
@@ -252,7 +253,8 @@ def test_one_group_step_logs_the_spread_in_groups_and_the_advantage_magnitude(ti
 # ---- the shipped params and pipeline entries ----------------------------------------------------------------------
 
 def test_shipped_params_train_jade_on_both_profiles():
-    from stages.train_joint import load_joint, panels
+    from ragteam.systems.params import load_joint
+    from stages.train_joint import panels
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     ppo, jp, sp = load_joint(params, "jade")

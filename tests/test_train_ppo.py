@@ -169,7 +169,7 @@ def test_kl_and_explained_variance():
 
 def test_unknown_joint_key_is_an_error_naming_it():
     from ragteam.config import ParamsError
-    from stages.train_joint import load_joint
+    from ragteam.systems.params import load_joint
 
     params = {"joint": {"systems": ["mask"], "retriever": "x", "ppo": {**PPO, "clip_ratio": 0.2},
                         "mask": {"max_questions": 0}}}
@@ -234,7 +234,7 @@ def test_one_ppo_update_on_smollm2_follows_the_advantages(smollm2_dir):
 def _tiny_system(nan_at_step: int | None = None):
     from helpers_agents import KeywordRetriever
 
-    from ragteam.train.systems import mask_system
+    from ragteam.systems.mask import mask_system
 
     retr = KeywordRetriever([("Xland", "Xville is the capital of Xland."), ("Yland", "Yville is in Yland.")])
     params = {"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8, "format_penalty": 1.0}}
@@ -430,7 +430,7 @@ def test_the_frozen_layers_run_once_a_step_and_the_update_is_the_same(tiny_llama
 
     from ragteam.train.joint.actor_critic import _parts, make_optimizer, start_logp
     from ragteam.train.joint.update import _update
-    from ragteam.train.systems import mask_system
+    from ragteam.systems.mask import mask_system
 
     system = mask_system({"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8, "format_penalty": 1.0}}, None)
     accel = SimpleNamespace(backward=lambda loss: loss.backward(), clip_grad_norm_=torch.nn.utils.clip_grad_norm_)

@@ -10,8 +10,8 @@ import torch
 
 from ragteam.config import ParamsError
 from ragteam.records import AgentCall, Episode
-from ragteam.train.probe import (probe_questions, probe_schedule, probe_summary, stage_probe_steps,
-                                 summarize_probe)
+from ragteam.eval.probe import summarize_probe
+from ragteam.train.probe import probe_questions, probe_schedule, probe_summary, stage_probe_steps
 
 
 def test_the_schedule_probes_the_start_and_the_end_and_every_nth_step_between():
@@ -86,7 +86,7 @@ def _train(path, model, probe=None, steps=()):
     from ragteam.llm import EngineConfig, SamplingConfig
     from ragteam.train.joint.params import PPOParams
     from ragteam.train.joint.loop import train_joint_ppo
-    from ragteam.train.systems import mask_system
+    from ragteam.systems.mask import mask_system
 
     return train_joint_ppo(mask_system(PARAMS, _retriever()), TRAIN, str(model), path, PPOParams(**PPO),
                            EngineConfig(device="cpu", threads=1, batch_size=4),
@@ -96,7 +96,7 @@ def _train(path, model, probe=None, steps=()):
 def test_the_probe_changes_no_weight_and_logs_the_start_models_own_team_reward(tmp_path, tiny_llama):
     from ragteam.llm import EngineConfig, SamplingConfig, Team
     from ragteam.llm.hf import HFEngine
-    from ragteam.train.probe import team_reward_probe
+    from ragteam.eval.probe import team_reward_probe
 
     probe = team_reward_probe("mask", HELD, _retriever(), PARAMS)
     seen: list[Team] = []
@@ -136,7 +136,7 @@ def test_the_probe_changes_no_weight_and_logs_the_start_models_own_team_reward(t
 
 
 def test_qagent_probes_at_the_global_steps_whichever_stage_they_fall_in(tmp_path, monkeypatch):
-    import ragteam.train.qagent as Q
+    import ragteam.systems.qagent.train as Q
     from ragteam.train.checkpoints import TrainResult
     from ragteam.train.joint.params import PPOParams
 
@@ -158,7 +158,7 @@ def test_qagent_probes_at_the_global_steps_whichever_stage_they_fall_in(tmp_path
 def test_a_bad_probe_param_names_its_key():
     import yaml
 
-    from stages.train_joint import load_joint
+    from ragteam.systems.params import load_joint
 
     params = yaml.safe_load(open("params.yaml"))
     params["joint"]["probe"]["every_step"] = 1

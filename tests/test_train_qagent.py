@@ -18,7 +18,7 @@ from ragteam.agents.qagent_workflow import QAgentConfig, trajectory_tokens
 from ragteam.llm import SamplingConfig, Team
 from ragteam.train.curves import read_curves
 from ragteam.train.pg import group_token_weights, policy_loss
-import ragteam.train.qagent as Q
+import ragteam.systems.qagent.train as Q
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def tiny(tiny_llama):
 
 def _samples(tok):
     from ragteam.rewards.qagent import qagent_rewards_stage1
-    from ragteam.train.qagent import rollout_groups, trajectory_samples
+    from ragteam.systems.qagent.train import rollout_groups, trajectory_samples
 
     team = Team(ScriptedEngine(_agent_reply), {"qagent": SamplingConfig(max_new_tokens=64)})
     eps = rollout_groups(ROWS, team, KeywordRetriever(PASSAGES), QAgentConfig(max_turns=3), group_size=2)
@@ -109,7 +109,7 @@ def test_dynamic_sampling_keeps_the_groups_whose_rewards_vary_and_refills_keep_t
     is dropped, one with a spread is kept; a degenerate group (every rollout rewarded alike, right or wrong) never
     trains. A refill rollout's positions start at 0 again, and its samples still form groups of their own."""
     from ragteam.train.decor_adv import dynamic_sampling
-    from ragteam.train.qagent import rollout_groups, trajectory_return, trajectory_samples
+    from ragteam.systems.qagent.train import rollout_groups, trajectory_return, trajectory_samples
 
     _, tok = tiny
     eps, _ = _samples(tok)                        # stage-1 rewards: A 1, 1 (both right), B 0, 0 (both gated)
@@ -183,7 +183,7 @@ def test_a_trajectory_cut_at_max_seq_len_never_trains_but_stays_in_its_group(tin
     from ragteam.rewards.qagent import qagent_rewards_stage1
     from ragteam.train.joint.update import group_advantages
     from ragteam.train.joint.batch import loss_tokens
-    from ragteam.train.qagent import rollout_groups, trajectory_samples, truncated
+    from ragteam.systems.qagent.train import rollout_groups, trajectory_samples, truncated
 
     _, tok = tiny
     n = {"ed": 0}
@@ -309,7 +309,7 @@ def test_mask_reaches_the_core_and_eq3_loss_by_hand(tiny, monkeypatch):
 
 def test_group_loss_needs_a_group_system_and_whole_groups_per_minibatch():
     from ragteam.train.joint.params import PPOParams
-    from ragteam.train.qagent import QAgentTrainParams, stage_ppo
+    from ragteam.systems.qagent.train import QAgentTrainParams, stage_ppo
 
     p = PPOParams(steps=1, questions_per_step=2, minibatch_size=7, actor_lr=1e-3, critic_lr=1e-3,
                   loss_agg="group_token_mean")
@@ -349,7 +349,7 @@ def _generator():
 def test_stage2_starts_from_stage1_weights(tiny, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    import ragteam.train.qagent as Q
+    import ragteam.systems.qagent.train as Q
     from ragteam.llm import EngineConfig
     from ragteam.train.joint.params import PPOParams
 
@@ -396,7 +396,7 @@ def test_cut_trajectories_are_logged_and_a_step_of_only_cut_ones_makes_no_update
     makes no optimiser step (LoRA B stays at its zero init) instead of a zero-loss one."""
     from dataclasses import replace
 
-    import ragteam.train.qagent as Q
+    import ragteam.systems.qagent.train as Q
     from ragteam.llm import EngineConfig
     from ragteam.train.joint.params import PPOParams
     from ragteam.train.joint.loop import train_joint_ppo

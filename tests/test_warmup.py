@@ -13,7 +13,7 @@ from ragteam.config import load_params
 from ragteam.eval.evaluate import SystemSpec, comparison_pairs, make_team
 from ragteam.io import DataError
 from ragteam.llm import EngineConfig, SamplingConfig, chat_text
-from ragteam.warmup.oracle import oracle_system
+from ragteam.systems import oracle_system
 from ragteam.warmup.sft import FormatProbe, WarmupParams, per_role, sft_ids, split_heldout, tokenized_rows
 from ragteam.warmup.start import WARMUP_OFF, start_model
 
@@ -215,6 +215,7 @@ def test_the_warmup_under_every_role_trains_on_while_one_role_still_fails(tiny_l
 
 def test_per_system_overrides_merge_key_by_key_and_bad_ones_are_named():
     from ragteam.config import ParamsError, parse_section
+    from ragteam.systems.warmup import WarmupSection
 
     section = {**PARAMS["warmup"], "systems": {"decor": {"stop_when": "every_role", "sft": {"steps": 48}}}}
     wp = parse_section({"warmup": section}, "warmup", WarmupParams)
@@ -227,7 +228,7 @@ def test_per_system_overrides_merge_key_by_key_and_bad_ones_are_named():
            ({"decor": {"systems": {}}}, "systems.decor.systems: not overridable")]
     for systems, msg in bad:
         with pytest.raises(ParamsError, match=msg):
-            parse_section({"warmup": {**section, "systems": systems}}, "warmup", WarmupParams)
+            parse_section({"warmup": {**section, "systems": systems}}, "warmup", WarmupSection)
     wp = parse_section({"warmup": {**section, "systems": {"decor": {"stop_when": "max"}}}}, "warmup", WarmupParams)
     with pytest.raises(ParamsError, match=r"systems\.decor\.stop_when: Input should be .mean. or .every_role."):
         wp.for_system("decor")

@@ -107,7 +107,7 @@ def new_episode(row: dict, system: str) -> Episode:
     return ep
 
 
-LEAD_IN_MIN_TOKENS = 1   # EOS forbidden for this many new tokens of a continuation (experiments/answer_silence.md)
+LEAD_IN_MIN_TOKENS = 1   # EOS forbidden for this many new tokens of a continuation (studies/answer_silence/notes.md)
 
 
 def continue_lead_ins(team: Team, role: str, prompts: Sequence[Messages], outs: Sequence[Sequence[Completion]],
@@ -125,7 +125,7 @@ def continue_lead_ins(team: Team, role: str, prompts: Sequence[Messages], outs: 
 
     Why: a trained MAPS answer agent wrote "Answer:" and EOS on a third of the default run's questions; one greedy
     continuation that may not stop at once completed 9 of 13 of them, and the rest stayed stubs after it
-    (experiments/answer_silence.md)."""
+    (studies/answer_silence/notes.md)."""
     base = sampling or team.sampling_for(role)
     result = [list(group) for group in outs]
 

@@ -50,7 +50,7 @@ class QAgentConfig(Strict):
     top_k: int = Field(1, ge=1)                   # passages per query (paper: 1 for iterative methods)
     passage_words: int | None = Field(None, ge=1)  # clip passages in <information> and for G (None: whole)
     retry_prompt: str | None = None               # Algorithm 1's prompt_rethink; None: qagent.PROMPT_RETHINK
-    # training (train_joint@qagent) reads joint.qagent: ragteam.train.qagent.QAgentTrainParams
+    # training (train_joint@qagent) reads joint.qagent: ragteam.systems.qagent.train.QAgentTrainParams
 
     @property
     def retry_text(self) -> str:

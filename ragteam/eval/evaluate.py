@@ -42,9 +42,10 @@ from ragteam.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.systems import team_reward
 from ragteam.rewards.decor import Judge, decor_rewards, make_judge, score_lj
 from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
-from ragteam.rewards.team import WORKFLOWS as TEAM_REWARD_WORKFLOWS, set_team_rewards
+from ragteam.rewards.team import set_team_rewards
 
 Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "decor", "qagent", "qagent_plugin",
                    "ircot", "sure", "mask"]
@@ -97,11 +98,11 @@ class SystemSpec(Strict):
 
     @model_validator(mode="after")
     def _grammar_has_a_table(self):
-        from ragteam.agents.grammars import GRAMMARS
+        from ragteam.systems import grammars
 
-        if self.grammar and self.workflow not in GRAMMARS:
+        if self.grammar and self.workflow not in grammars():
             raise ValueError(f"grammar: true needs output grammars for workflow {self.workflow!r}; there are some "
-                             f"for {', '.join(sorted(GRAMMARS))}")
+                             f"for {', '.join(sorted(grammars()))}")
         return self
 
 
@@ -201,7 +202,7 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
     models = {role: start_model(path, base_model) if (Path(path) / WARMUP_OFF).is_file() else path
               for role, path in role_models(spec, agents).items()}
     if spec.grammar:
-        from ragteam.agents.grammars import grammar_sampling
+        from ragteam.systems import grammar_sampling
 
         sampling = grammar_sampling(spec.workflow, sampling)
     return engines.team({**(frozen_roles or {}), **models}, base_model, sampling)
@@ -280,8 +281,7 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
         for ep, j in zip(scored, decor_rewards(scored, judge, cfgs.decor.reward)):
             ep.metrics["lj"] = j.lj
     if has_team_reward(spec, cfgs):
-        set_team_rewards(eps, spec.workflow, hit_weight=cfgs.qagent_hit_weight,
-                         passage_words=cfgs.qagent.passage_words, mask_penalty=cfgs.mask.format_penalty)
+        set_team_rewards(eps, spec.workflow, team_reward(spec.workflow), cfgs)
     return eps
 
 
@@ -297,7 +297,7 @@ def has_team_reward(spec: SystemSpec, cfgs: WorkflowConfigs) -> bool:
     answer after every turn (`ragteam.rewards.team`)."""
     if spec.workflow == "mask":
         return mask_config(spec, cfgs).answer_every_turn
-    return spec.workflow in TEAM_REWARD_WORKFLOWS
+    return team_reward(spec.workflow) is not None
 
 
 def silence(ep: Episode) -> dict[str, float]:

@@ -62,7 +62,7 @@ class AnswerFallback(Strict):
     drawn (a stub keeps its penalty), and a Team without it (every trainer's rollouts) never resamples.
 
     Why: a trained MAPS answer agent's greedy output was a stub on 34 % of real held-out questions; continuing it
-    answered 79 % of them, 4 draws at T 0.8 all of them (experiments/answer_silence.md)."""
+    answered 79 % of them, 4 draws at T 0.8 all of them (studies/answer_silence/notes.md)."""
 
     samples: int = Field(4, ge=0)
     temperature: float = Field(0.8, gt=0.0)

@@ -2,7 +2,8 @@
 and by the system's own training reward"), one number per question, so `evaluate` can average it, bootstrap it and
 pair it between the base, warm-up and trained rows like EM and F1.
 
-Per system, the quantity its trainer optimises, from the reward functions the trainer calls:
+Per system, the quantity its trainer optimises, from the reward functions the trainer calls (each system's module
+gives its rows' `TeamReward`s, `System.team_rewards`; this module is the loop they share):
 - JADE: the episode's return, R_global on the terminal call plus every malformed call's −p (Eq. 6-8,
   `jade.assign_rewards`): what its GAE over the flattened calls (or its group estimator) credits.
 - DECOR: the mean of R_total over the trajectory's policy calls (Eq. 2-3 with the format gate,
@@ -29,12 +30,21 @@ episode, which their workflows cannot produce, is refused rather than scored as 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ragteam.records import Episode
 
-# workflows of `ragteam.eval.evaluate` whose rows get a team reward (M-ASK's rows: with an answer after every turn)
-WORKFLOWS = ("jade", "decor", "qagent", "qagent_plugin", "mask")
+
+@dataclass(frozen=True)
+class TeamReward:
+    """One kind of evaluation row's team reward: `score(episode, cfgs)` with `cfgs` the workflows' params sections
+    (`ragteam.eval.evaluate.WorkflowConfigs`); `resampled_ok` where the row's answering role may be served by the
+    answer fallback (the QAgent plug-in's generator G, module docstring)."""
+
+    score: Callable[[Episode, Any], float]
+    resampled_ok: bool = False
 
 
 def episode_return(ep: Episode) -> float:
@@ -45,85 +55,20 @@ def episode_return(ep: Episode) -> float:
     return float(sum(c.reward for c in ep.calls))
 
 
-def decor_team_reward(ep: Episode) -> float:
-    """The mean R_total over the policy calls of a DECOR episode whose rewards `decor.assign_rewards` filled."""
-    from ragteam.agents import decor
-
-    rewards = [c.reward for c in ep.calls if c.role in decor.POLICY_ROLES]
-    if not rewards or any(r is None for r in rewards):
-        raise ValueError(f"episode {ep.episode_id}: DECOR policy calls without a reward (assign_rewards first)")
-    return float(sum(rewards) / len(rewards))
-
-
-def mask_team_reward(ep: Episode, penalty: float) -> float:
-    """The mean call reward of an M-ASK episode that answered after every turn (Eq. 2-3, −penalty per malformed
-    call); the call rewards are filled in place, as JADE's and DECOR's are by evaluation."""
-    from ragteam.rewards.mask import annotate_mask_episode
-
-    if not ep.meta.get("answered_every_turn"):
-        raise ValueError(f"episode {ep.episode_id} ({ep.question_id}): M-ASK's turn-level rewards (Eq. 2-3) need the "
-                         f"Answer agent after every turn; this episode answered once at the end (set the row's "
-                         f"answer_every_turn: true, or mask.answer_every_turn)")
-    annotate_mask_episode(ep, penalty)
-    return float(sum(c.reward for c in ep.calls) / len(ep.calls))
-
-
 def resampled_calls(ep: Episode) -> list[int]:
     """Indices of the calls whose output the answer fallback replaced (`meta["resampled"]`)."""
     return [i for i, c in enumerate(ep.calls) if "resampled" in c.meta]
 
 
-def generator_answer(ep: Episode) -> str:
-    """What stage 2's reward reads as G(q, K) of a plug-in episode: its generator call's answer, or "" where that
-    call is malformed or was resampled (the stub it replaced did not parse)."""
-    from ragteam.agents.qagent_workflow import GENERATOR_ROLE
-
-    gen = [c for c in ep.calls if c.role == GENERATOR_ROLE]
-    if not gen:
-        raise ValueError(f"episode {ep.episode_id} ({ep.question_id}): a plug-in QAgent episode without its "
-                         f"generator call ({GENERATOR_ROLE})")
-    g = gen[-1]
-    if g.format_error is not None or "resampled" in g.meta:
-        return ""
-    return g.parsed or ""
-
-
-def qagent_team_reward(ep: Episode, plugin: bool, hit_weight: float, passage_words: int | None) -> float:
-    """Eq. 7 for an end-to-end QAgent episode, Eq. 8-10 for a plug-in one (G(q, K): `generator_answer`)."""
-    from ragteam.agents.qagent_workflow import knowledge
-    from ragteam.rewards.qagent import qagent_reward_stage1, qagent_reward_stage2
-
-    if not plugin:
-        return float(qagent_reward_stage1(ep))
-    return float(qagent_reward_stage2(generator_answer(ep), knowledge(ep), ep.golden_answers, hit_weight,
-                                      passage_words))
-
-
-def check_workflow(workflow: str) -> None:
-    if workflow not in WORKFLOWS:
-        raise ValueError(f"no team reward for workflow {workflow!r}: defined for {', '.join(WORKFLOWS)} (the "
-                         f"systems trained by a reward of their own)")
-
-
-def set_team_rewards(episodes: Sequence[Episode], workflow: str, *, hit_weight: float = 0.5,
-                     passage_words: int | None = None, mask_penalty: float = 1.0) -> None:
-    """`Episode.metrics["team_reward"]` of every scored episode (golden answers) of a `workflow` row whose call
-    rewards are in place (JADE, DECOR) or computable from the episode (QAgent; M-ASK's with an answer after every
-    turn, `mask_penalty` its `mask.format_penalty`)."""
-    check_workflow(workflow)
+def set_team_rewards(episodes: Sequence[Episode], workflow: str, reward: TeamReward, cfgs: Any) -> None:
+    """`Episode.metrics["team_reward"]` of every scored episode (golden answers) of a `workflow` row: `reward`'s
+    score, from call rewards in place (JADE, DECOR) or computable from the episode (QAgent; M-ASK's with an answer
+    after every turn)."""
     for ep in episodes:
         if not ep.golden_answers:
             continue
-        if workflow != "qagent_plugin" and resampled_calls(ep):
+        if not reward.resampled_ok and resampled_calls(ep):
             raise ValueError(f"episode {ep.episode_id} ({ep.question_id}): call(s) {resampled_calls(ep)} were "
                              f"resampled by the answer fallback, which the {workflow} workflow never asks for; its "
                              f"team reward would score an answer its policy did not give")
-        if workflow == "jade":
-            r = episode_return(ep)
-        elif workflow == "decor":
-            r = decor_team_reward(ep)
-        elif workflow == "mask":
-            r = mask_team_reward(ep, mask_penalty)
-        else:
-            r = qagent_team_reward(ep, workflow == "qagent_plugin", hit_weight, passage_words)
-        ep.metrics["team_reward"] = r
+        ep.metrics["team_reward"] = reward.score(ep, cfgs)

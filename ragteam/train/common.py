@@ -52,7 +52,7 @@ class GRPOParams(Strict):
     # many skipped in a row stop the run (TrainingDiverged). TRL's own trainer does not check
     max_nonfinite_grad_steps: int = Field(3, ge=1)
     # shared_prefix: one of each prompt's G completions is the greedy one, the output inference gives. A lead-in
-    # stub can be the policy's mode while the sampler rarely draws it (issue 27: experiments/answer_silence.md);
+    # stub can be the policy's mode while the sampler rarely draws it (issue 27: studies/answer_silence/notes.md);
     # scored in every group, it is penalised until it is no longer the mode. Not in the paper (False there)
     greedy_in_group: bool = False
     # shared_prefix: where the groups are sampled. live: by the model being trained (the prompt's KV repeated G

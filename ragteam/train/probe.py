@@ -5,7 +5,8 @@ questions each time and not on each step's few drawn ones.
 Why a probe. A step's `reward` averages the rollouts of `questions_per_step` drawn questions (2 on the CPU profile),
 sampled at the rollout temperature: it moves with which questions a step drew more than with the policy. The probe
 runs the same `questions` questions every time, greedily, through the system's inference workflow, and scores each
-episode exactly as `evaluate` scores its rows (`ragteam.eval.evaluate.run_system`: F1 / EM and the system's own
+episode exactly as `evaluate` scores its rows (`ragteam.eval.probe.team_reward_probe`, which the stage hands the
+trainer: `ragteam.eval.evaluate.run_system`'s F1 / EM and the system's own
 training reward, `ragteam.rewards.team`; M-ASK's rows answer after every turn, so Eq. 2-3 apply). Its step-0 value is
 the start model (the warm-up) on these questions, its last the trained agent, on one scale with the `*_warmup` and
 `*_trained` rows of `reports/eval.md`.
@@ -18,15 +19,11 @@ and without it and compares the weights).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
 from ragteam.config import ParamsError, Strict
-from ragteam.llm import Team
-from ragteam.records import Episode
-from ragteam.retrieval.base import Retriever
 
 PREFIX = "probe/"
 
@@ -68,49 +65,6 @@ def probe_questions(pool: Sequence[dict], n: int, used: Mapping[str, int]) -> li
     return list(pool[start:])
 
 
-def summarize_probe(episodes: Sequence[Episode]) -> dict[str, float]:
-    """The probe's figures over its episodes (each scored by `run_system`): the mean team reward, F1 and EM, and the
-    shares of questions with a malformed call and with no answer."""
-    from ragteam.eval.evaluate import silence
-
-    scored = [ep for ep in episodes if ep.golden_answers]
-    if not scored:
-        raise ValueError("team-reward probe: no scored episode (the probe questions have no golden answers)")
-    missing = [ep.question_id for ep in scored if "team_reward" not in ep.metrics]
-    if missing:
-        raise ValueError(f"team-reward probe: episode(s) without a team reward: {missing[:3]}")
-    n = len(scored)
-
-    def mean(xs) -> float:
-        return round(sum(xs) / n, 4)
-
-    flags = [silence(ep) for ep in scored]
-    return {f"{PREFIX}team_reward": mean(ep.metrics["team_reward"] for ep in scored),
-            f"{PREFIX}f1": mean(ep.metrics["f1"] for ep in scored),
-            f"{PREFIX}em": mean(ep.metrics["em"] for ep in scored),
-            f"{PREFIX}format_error_rate": mean(f["format_error_questions"] for f in flags),
-            f"{PREFIX}no_answer": mean(f["no_answer"] for f in flags)}
-
-
-def team_reward_probe(workflow: str, rows: Sequence[dict], retriever: Retriever, params: Mapping[str, Any]
-                      ) -> Callable[[Team], dict[str, float]]:
-    """A probe: Team -> `summarize_probe` of `rows` run through `workflow`'s inference (`run_system`, as `evaluate`
-    runs its rows; M-ASK answering after every turn), with the workflow sections of `params`."""
-    from ragteam.eval.evaluate import SystemSpec, WorkflowConfigs, has_team_reward, run_system
-
-    if not rows:
-        raise ValueError(f"team-reward probe of {workflow}: no questions")
-    spec = SystemSpec(workflow=workflow, **({"answer_every_turn": True} if workflow == "mask" else {}))
-    cfgs = WorkflowConfigs.from_params(params)
-    if not has_team_reward(spec, cfgs):
-        raise ValueError(f"team-reward probe: workflow {workflow!r} has no team reward (ragteam.rewards.team)")
-
-    def probe(team: Team) -> dict[str, float]:
-        return summarize_probe(run_system(spec, rows, team, retriever, cfgs, name=f"{workflow}_probe"))
-
-    return probe
-
-
 def probe_summary(curve: Sequence[dict]) -> dict[str, float]:
     """`probe/<figure>_first` and `_last` of a run's curve rows: the first and the last probe's value (the start
     model and the trained agent), not quarter means: each probe is one deterministic measurement."""
@@ -122,5 +76,4 @@ def probe_summary(curve: Sequence[dict]) -> dict[str, float]:
     return out
 
 
-__all__ = ["ProbeParams", "probe_questions", "probe_schedule", "probe_summary", "stage_probe_steps",
-           "summarize_probe", "team_reward_probe"]
+__all__ = ["ProbeParams", "probe_questions", "probe_schedule", "probe_summary", "stage_probe_steps"]

@@ -72,13 +72,8 @@ class WarmupParams(Strict):
     systems: dict[str, dict[str, Any]] = Field(default_factory=dict)   # per-system overrides of the keys above
 
     @model_validator(mode="after")
-    def _known_systems(self) -> WarmupParams:
-        from ragteam.warmup.oracle import SYSTEMS
-
-        unknown = sorted(set(self.systems) - set(SYSTEMS))
-        if unknown:
-            raise ValueError(f"systems: no joint system {', '.join(map(repr, unknown))} "
-                             f"(known: {', '.join(sorted(SYSTEMS))})")
+    def _not_overridable(self) -> WarmupParams:
+        """(Which names `systems` may hold is the registry's: `ragteam.systems.params.WarmupSection`.)"""
         for name, over in self.systems.items():
             for key in ("systems", "questions"):   # questions: stage oracle_traces reads the shared value
                 if key in over:

@@ -31,7 +31,7 @@ from ragteam.io import DataError, read_jsonl, write_json, write_jsonl
 from ragteam.llm import LLMConfig
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.warmup.oracle import OracleSystem, oracle_system, oracle_team
+from ragteam.warmup.oracle import OracleSystem, oracle_team
 from ragteam.warmup.gold import GoldError, gold_chain
 
 ROW_KEYS = ("system", "role", "question_id", "messages", "response", "eos", "turn", "reward", "response_tokens")
@@ -176,12 +176,12 @@ def load_passages(corpus: str | Path, rows: Sequence[dict]) -> dict[str, str]:
     return {r["id"]: r["contents"] for r in iter_corpus(corpus) if r["id"] in ids or r["title"] in titles}
 
 
-def write_system_traces(system_name: str, pool: str | Path, corpus: str | Path, retriever: Retriever,
+def write_system_traces(system: OracleSystem, pool: str | Path, corpus: str | Path, retriever: Retriever,
                         benchmarks: str | Path, tokenizer, params: dict[str, Any], out_dir: str | Path,
                         max_questions: int = 0) -> dict[str, Any]:
     """Build, validate and write `out_dir/traces.jsonl` and `out_dir/summary.json` for one system; returns the
-    summary. `max_questions` > 0: the first n rows of the pool."""
-    system = oracle_system(system_name, params)
+    summary. `max_questions` > 0: the first n rows of the pool. `system`: the system's oracle player
+    (`ragteam.systems.oracle_system`)."""
     rows = list(iter_qa(pool))
     if max_questions:
         rows = rows[:max_questions]

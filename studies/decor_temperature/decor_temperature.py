@@ -29,7 +29,7 @@ from ragteam.io import write_json  # noqa: E402
 from ragteam.llm import LLMConfig, Team, call_seed, load_engine  # noqa: E402
 from ragteam.retrieval import open_retriever  # noqa: E402
 from ragteam.train.decor_adv import dynamic_sampling  # noqa: E402
-from ragteam.train.systems import decor_system  # noqa: E402
+from ragteam.systems.decor import decor_system  # noqa: E402
 
 
 def measure(episodes) -> dict:

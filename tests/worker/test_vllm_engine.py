@@ -248,13 +248,13 @@ def test_guided_decoding_makes_the_base_model_write_its_roles_formats_and_only_v
     from ragteam.agents import jade as J
     from ragteam.agents import mask as M
     from ragteam.agents.core import FormatError
-    from ragteam.agents.grammars import GRAMMARS
+    from ragteam.systems import grammars
     from ragteam.llm.policy import Rollouts
 
     questions = [json.loads(line)["question"] for line in
                  (shared_data / "benchmarks" / "hotpotqa" / "dev.jsonl").read_text().splitlines()[:6]]
-    cases = [(J.planner_messages, GRAMMARS["jade"][J.PLANNER], J.parse_plan, 16),
-             (M.planning_messages, GRAMMARS["mask"][M.PLANNING], M.parse_plan, 192)]
+    cases = [(J.planner_messages, grammars()["jade"][J.PLANNER], J.parse_plan, 16),
+             (M.planning_messages, grammars()["mask"][M.PLANNING], M.parse_plan, 192)]
     for build, regex, parse, budget in cases:
         prompts = [build(q) for q in questions]
         free = SamplingConfig(max_new_tokens=budget)

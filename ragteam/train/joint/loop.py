@@ -41,11 +41,12 @@ With several processes (`accelerate launch`), each process rolls out its share o
 averaged by accelerate's data-parallel wrapper.
 
 A system plugs in through `JointSystem` (which workflow to roll out, which reward annotates, optionally which
-advantage estimator, which episodes train, which roles stay frozen): see `ragteam.train.systems`. The estimator is
-the part that differs per system: GAE with a critic (M-ASK, JADE; the default), `"group"` (QAgent's multi-turn
-GRPO: `ragteam.train.advantages.group_normalized` over `Sample.group`, no critic) or a function of the episodes
-(DECOR's Eq. 6). `samples` lets a system tokenise its episodes itself (QAgent: one sample = one whole trajectory
-whose `Sample.mask` zeroes the environment's tokens); by default every call of a trained role is one sample.
+advantage estimator, which episodes train, which roles stay frozen), built by its own module
+(`ragteam.systems.<system>`). The estimator is the part that differs per system: GAE with a critic (M-ASK,
+JADE; the default), `"group"` (QAgent's multi-turn GRPO: `ragteam.train.advantages.group_normalized` over
+`Sample.group`, no critic) or a function of the episodes (DECOR's Eq. 6). `samples` lets a system tokenise its
+episodes itself (QAgent: one sample = one whole trajectory whose `Sample.mask` zeroes the environment's tokens); by
+default every call of a trained role is one sample.
 """
 from __future__ import annotations
 

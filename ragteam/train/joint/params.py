@@ -1,7 +1,7 @@
 """`PPOParams`: the joint trainer's hyper-parameters (`joint.<system>.ppo` in params.yaml), validated."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -66,3 +66,33 @@ class PPOParams(Strict):
         if self.micro_batch_size > self.minibatch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) > minibatch_size ({self.minibatch_size})")
         return self
+
+
+class JointSystemParams(Strict):
+    """`joint.<system>`: what one joint system trains on, and its overrides of `joint.ppo`."""
+
+    max_questions: int = Field(0, ge=0)          # first n questions of the training pool; 0 = all
+    ppo: dict[str, Any] = Field(default_factory=dict)
+
+
+class GroupEstimatorParams(JointSystemParams):
+    """`joint.<system>` of a GAE system that may train without its critic: the fields every `joint.<system>` has
+    (`JointSystemParams`) and the choice of advantage estimator,
+    `gae` (the paper's: a critic, one rollout per question) or `group` (this project's critic-free alternative for a
+    backbone whose critic explains nothing: `group_size` rollouts of each question, a step then trains
+    `questions_per_step` x `group_size` episodes)."""
+
+    estimator: Literal["gae", "group"] = "gae"
+    group_size: int = Field(1, ge=1)              # rollouts per question; >= 2 with estimator group, 1 with gae
+
+    @model_validator(mode="after")
+    def _check_group(self) -> GroupEstimatorParams:
+        if self.estimator == "group" and self.group_size < 2:
+            raise ValueError(f"estimator group needs group_size >= 2 (one rollout of a question has no group to "
+                             f"normalise within), got {self.group_size}")
+        if self.estimator == "gae" and self.group_size != 1:
+            raise ValueError(f"group_size {self.group_size}: rollouts per question apply to estimator group only; "
+                             "estimator gae rolls out each question once (set estimator: group, or group_size: 1)")
+        return self
+
+

@@ -1,5 +1,5 @@
 """`JointSystem`: what a system hands the joint trainer (its rollout, reward, advantage estimator, the episodes
-that train, the roles that stay frozen). The systems' adapters are in `ragteam.train.systems`."""
+that train, the roles that stay frozen). Each system builds its own in its module (`ragteam.systems.<system>`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence

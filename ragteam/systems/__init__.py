@@ -1,0 +1,83 @@
+"""The systems, one module each, and the one registry that the stages, the joint trainer's and the warm-up's
+callers, params_check and the CLI read (issue 72: "one system, one module"). A system's module builds one
+`System` (`ragteam.systems.spec`): its params section, its trainer adapter (rollout, rewards, credit scope,
+advantage estimator), its reward in words and its warm-up oracle player. `REGISTRY` lists them in the order the
+pipeline knows them; `register` adds one (a study's or a test's own system, docs/adding-a-system.md)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ragteam.agents.grammars import constrain
+from ragteam.config import ParamsError
+from ragteam.retrieval.base import Retriever
+from ragteam.rewards.team import TeamReward
+from ragteam.systems import decor, jade, mask, qagent
+from ragteam.systems.spec import System
+from ragteam.train.joint.system import JointSystem
+from ragteam.warmup.oracle import OracleSystem
+
+REGISTRY: dict[str, System] = {s.name: s for s in (mask.SYSTEM, jade.SYSTEM, decor.SYSTEM, qagent.SYSTEM)}
+
+
+def register(system: System) -> System:
+    """Add `system` to the registry (a name already there is an error: one module per system)."""
+    if system.name in REGISTRY:
+        raise ValueError(f"system {system.name!r} is already registered")
+    REGISTRY[system.name] = system
+    return system
+
+
+def joint_names() -> list[str]:
+    """The systems `train_joint` trains, sorted (what `joint.systems` may list)."""
+    return sorted(n for n, s in REGISTRY.items() if s.joint is not None)
+
+
+def oracle_names() -> list[str]:
+    """The systems with a warm-up oracle, sorted (what `oracle_traces`, `warmup_joint`, `warmup.systems` may name)."""
+    return sorted(n for n, s in REGISTRY.items() if s.oracle is not None)
+
+
+def joint_system(name: str) -> System:
+    """The registered system `train_joint` trains under `name`; an unknown one is a params error naming the known."""
+    if name not in joint_names():
+        raise ParamsError(f"joint system {name!r} is not known (known: {', '.join(joint_names())})")
+    return REGISTRY[name]
+
+
+def build_joint(name: str, params: dict[str, Any], retriever: Retriever) -> JointSystem:
+    """What the joint trainer trains for system `name` (its first training stage, for a system of several)."""
+    return joint_system(name).build_joint(params, retriever)
+
+
+def oracle_system(name: str, params: dict[str, Any]) -> OracleSystem:
+    """System `name`'s warm-up oracle player under `params`."""
+    if name not in oracle_names():
+        raise ParamsError(f"no oracle for system {name!r} (known: {', '.join(oracle_names())})")
+    return REGISTRY[name].oracle(params)
+
+
+def team_reward(workflow: str) -> TeamReward | None:
+    """The team reward of evaluation rows of kind `workflow` (`System.team_rewards`), None where none has one."""
+    for s in REGISTRY.values():
+        if workflow in s.team_rewards:
+            return s.team_rewards[workflow]
+    return None
+
+
+def grammars() -> dict[str, dict[str, str]]:
+    """system -> its roles' output regexes, for the systems with grammar rows (`System.grammars`)."""
+    return {n: s.grammars for n, s in REGISTRY.items() if s.grammars}
+
+
+def grammar_sampling(workflow: str, sampling: Mapping, default_key: str = "default") -> dict:
+    """`sampling` (llm.sampling: role -> SamplingConfig) with each of system `workflow`'s roles constrained to its
+    regex; a ValueError for a workflow without grammars."""
+    known = grammars()
+    if workflow not in known:
+        raise ValueError(f"no output grammars for workflow {workflow!r} (known: {', '.join(sorted(known))})")
+    return constrain(known[workflow], sampling, default_key)
+
+
+__all__ = ["REGISTRY", "System", "build_joint", "grammar_sampling", "grammars", "joint_names", "joint_system",
+           "oracle_names", "oracle_system", "register", "team_reward"]
