@@ -5,7 +5,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-dev setup-worker setup-openrlhf gpu-check repro test test-fast flow
+.PHONY: setup setup-dev setup-worker setup-openrlhf gpu-check repro test test-fast flow smoke
 
 setup:
 	bash scripts/setup.sh
@@ -29,7 +29,7 @@ BOTH_ENVS = bash scripts/setup.sh $(1) & main=$$!; bash scripts/setup_worker.sh 
 
 # `repro` runs the DAG through the Prefect flow, prefect.max_parallel_stages (2) stages at once: the same stages,
 # params and `dvc repro --single-item` per stage as a plain `dvc repro`, so the same dvc.lock, in 52 min against
-# 61 one stage at a time on 2 cores (experiments/default_repro.md). `dvc repro` still works, one at a time.
+# 61 one stage at a time on 2 cores (studies/default_repro/notes.md). `dvc repro` still works, one at a time.
 repro:             ## the default pipeline, offline, on CPU (through the local Prefect flow)
 	$(call BOTH_ENVS,)
 	ragteam flow run
@@ -37,6 +37,13 @@ repro:             ## the default pipeline, offline, on CPU (through the local P
 flow:              ## the same as repro: the DAG through Prefect (ephemeral local API)
 	$(call BOTH_ENVS,)
 	ragteam flow run
+
+# `smoke` runs the whole DAG on profiles/smoke.yaml (2 questions a row, one or two steps a trainer, every stage and
+# every system) in a scratch copy of this working tree, .smoke/run: this checkout's params.yaml, dvc.lock and outputs
+# stay as they are. Every stage runs on the HF engine, so only .venv is set up (docs/profiles.md; tests/test_smoke.py)
+smoke:             ## every stage and system on a tiny profile, in a scratch copy (.smoke/run); prints where eval.md is
+	bash scripts/setup.sh
+	bash scripts/smoke.sh
 
 # The two suites run at once: neither keeps both cores busy (the worker suite waits on one vLLM engine, the main one
 # is mostly one Python process), so side by side on 2 cores they took 19 min 02 s with set-up against 28 min 42 s one
@@ -63,3 +70,17 @@ test:              ## the test suite (CI runs exactly this): the main one and vL
 test-fast:         ## the fast tests only (-m "not slow"), main environment
 	bash scripts/setup.sh --dev
 	python -m pytest -q -m "not slow" --durations=10
+
+# The views that fit a screen (issue 76; ragteam/views). `dvc plots show` alone writes a page that loads Vega from a
+# CDN; `plots` gives it a template with Vega, Vega-Lite and vega-embed inlined from vl-convert-python (.venv), made
+# into build/plots/ (not versioned), so dvc_plots/index.html renders with no network. `dag` prints dvc.yaml's stages
+# by family in 120 columns (`ragteam dag --mermaid`: docs/pipeline.md's block); `ragteam experiments` is the third.
+.PHONY: plots dag
+plots:             ## dvc plots show -> dvc_plots/index.html, renders offline (Vega inlined from .venv, no CDN)
+	bash scripts/setup.sh
+	ragteam plots-template build/plots/offline.html
+	dvc plots show --html-template build/plots/offline.html
+
+dag:               ## the DAG by family in 120 columns (foreach stages collapsed; `dvc dag`: 1,832 columns)
+	bash scripts/setup.sh
+	ragteam dag
