@@ -13,7 +13,7 @@ from ragteam.config import ParamsError
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.team import TeamReward
 from ragteam.systems import decor, jade, mask, qagent
-from ragteam.systems.spec import System
+from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.oracle import OracleSystem
 
@@ -79,5 +79,11 @@ def grammar_sampling(workflow: str, sampling: Mapping, default_key: str = "defau
     return constrain(known[workflow], sampling, default_key)
 
 
+def row_kinds() -> dict[str, RowKind]:
+    """Evaluation row kind (`SystemSpec.workflow`) -> how evaluate runs and scores it, for every registered system
+    (`System.rows`)."""
+    return {k: r for s in REGISTRY.values() for k, r in s.rows.items()}
+
+
 __all__ = ["REGISTRY", "System", "build_joint", "grammar_sampling", "grammars", "joint_names", "joint_system",
-           "oracle_names", "oracle_system", "register", "team_reward"]
+           "oracle_names", "oracle_system", "register", "row_kinds", "team_reward"]
