@@ -35,7 +35,7 @@ KNOWN = {
     "ragteam/params_check.py": 1,
     "ragteam/profiles.py": 8,
     "ragteam/train/openrlhf.py": 3,
-    "stages/evaluate.py": 9,
+    "stages/evaluate.py": 8,
     "stages/evaluate_agents.py": 1,
     "stages/label_judge.py": 1,
     "stages/train_answer.py": 1,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -39,7 +39,7 @@ from ragteam.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems import row_kinds as system_row_kinds, team_reward
+from ragteam.systems import REGISTRY, row_kinds as system_row_kinds, team_reward
 from ragteam.systems.spec import RowKind
 from ragteam.rewards.decor import Judge, make_judge, score_lj
 from ragteam.rewards.team import set_team_rewards
@@ -257,6 +257,9 @@ class WorkflowConfigs(Strict):
     # QAgent's stage-2 reward weight (Eq. 10; params.yaml joint.qagent.hit_weight, a training param): the team
     # reward of its plug-in rows
     qagent_hit_weight: float = Field(0.5, ge=0)
+    # section -> its parsed params, for the registered systems whose section has no field above (a study's or a
+    # test's own system, `System.section` / `System.config`): what their rows' `run` reads
+    sections: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
     def from_params(cls, params: Mapping, baselines: BaselineConfig | None = None) -> WorkflowConfigs:
@@ -264,7 +267,11 @@ class WorkflowConfigs(Strict):
         from ragteam.config import parse_section
 
         fields = {name: parse_section(params, name, cls.model_fields[name].annotation)
-                  for name in cls.model_fields if name not in ("baselines", "qagent_hit_weight") and name in params}
+                  for name in cls.model_fields if name not in ("baselines", "qagent_hit_weight", "sections") and name in params}
+        own = {s.section: parse_section(params, s.section, s.config) for s in REGISTRY.values()
+               if s.section and s.config is not None and s.section not in cls.model_fields and s.section in params}
+        if own:
+            fields["sections"] = own
         hit_weight = ((params.get("joint") or {}).get("qagent") or {}).get("hit_weight")
         if hit_weight is not None:
             fields["qagent_hit_weight"] = hit_weight
