@@ -31,7 +31,7 @@ KNOWN = {
     "ragteam/agents/qagent_workflow.py": 2,
     "ragteam/agents/sure.py": 1,
     "ragteam/cli.py": 2,
-    "ragteam/eval/evaluate.py": 22,
+    "ragteam/eval/evaluate.py": 14,
     "ragteam/params_check.py": 1,
     "ragteam/profiles.py": 8,
     "ragteam/train/openrlhf.py": 3,

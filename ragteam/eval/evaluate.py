@@ -23,15 +23,12 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
-from ragteam.agents.debate import run_debate
+from ragteam.agents.baselines import BaselineConfig
 from ragteam.agents.decor_workflow import DecorConfig
-from ragteam.agents.ircot import ROLE as REASONER, run_ircot
 from ragteam.agents.jade_workflow import JadeConfig
 from ragteam.agents.mask_workflow import MaskConfig
-from ragteam.agents.maps_workflow import MapsConfig, run_maps
+from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.agents.qagent_workflow import QAgentConfig
-from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
 from ragteam.config import ParamsError, Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
@@ -49,39 +46,9 @@ AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent", "dec
                     "decor_answerer"]
 
 
-def _maps_rounds(spec, cfgs) -> MapsConfig:
-    return cfgs.maps if spec.fixed_rounds is None else cfgs.maps.model_copy(update={"fixed_rounds": spec.fixed_rounds})
-
-
-# the evaluation-only rows (the FlashRAG baselines, DRAG and MAPS); the joint systems' rows are their modules'
-# (`System.rows`, ragteam.systems)
-EVAL_ONLY_ROWS: dict[str, RowKind] = {
-    "native": RowKind(roles=(GENERATOR,), family="Baselines", retrieves=False,
-                      run=lambda rows, team, retriever, cfgs, spec, name: run_native(rows, team, system=name)),
-    "standard_rag": RowKind(roles=(GENERATOR,), family="Baselines",
-                            run=lambda rows, team, retriever, cfgs, spec, name: run_standard_rag(
-                                rows, team, retriever, cfgs.baselines, system=name)),
-    "iter_retgen": RowKind(roles=(GENERATOR,), family="Baselines",
-                           run=lambda rows, team, retriever, cfgs, spec, name: run_iter_retgen(
-                               rows, team, retriever, cfgs.baselines, system=name)),
-    "drag": RowKind(roles=("proponent", "opponent", "moderator", "answer_agent"), family="Baselines",
-                    run=lambda rows, team, retriever, cfgs, spec, name: run_debate(
-                        rows, team, retriever, cfgs.maps.debate, answer=True, system=name)),
-    "maps": RowKind(roles=("query_agent", "judge_agent", "answer_agent"), family="MAPS",
-                    run=lambda rows, team, retriever, cfgs, spec, name: run_maps(
-                        rows, team, retriever, _maps_rounds(spec, cfgs), system=name)),
-    "ircot": RowKind(roles=(REASONER,), family="Baselines",
-                     run=lambda rows, team, retriever, cfgs, spec, name: run_ircot(
-                         rows, team, retriever, cfgs.baselines.ircot, system=name)),
-    "sure": RowKind(roles=SURE_ROLES, family="Baselines",
-                    run=lambda rows, team, retriever, cfgs, spec, name: run_sure(
-                        rows, team, retriever, cfgs.baselines.sure, system=name)),
-}
-
-
 def row_kinds() -> dict[str, RowKind]:
-    """Every evaluation row kind (`SystemSpec.workflow`): the evaluation-only ones and the registered systems'."""
-    return {**EVAL_ONLY_ROWS, **system_row_kinds()}
+    """Every evaluation row kind (`SystemSpec.workflow`): the registered systems' (`System.rows`)."""
+    return system_row_kinds()
 
 
 def row_kind(workflow: str) -> RowKind:

@@ -12,12 +12,15 @@ from ragteam.agents.grammars import constrain
 from ragteam.config import ParamsError
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.team import TeamReward
-from ragteam.systems import decor, jade, mask, qagent
+from ragteam.systems import baselines, decor, jade, maps, mask, qagent
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.oracle import OracleSystem
 
-REGISTRY: dict[str, System] = {s.name: s for s in (mask.SYSTEM, jade.SYSTEM, decor.SYSTEM, qagent.SYSTEM)}
+# the joint systems, then the evaluation-only ones (MAPS, whose agents train through their own stages, and the
+# baselines): rows only
+REGISTRY: dict[str, System] = {s.name: s for s in (mask.SYSTEM, jade.SYSTEM, decor.SYSTEM, qagent.SYSTEM, maps.SYSTEM,
+                                                   *baselines.SYSTEMS)}
 
 
 def register(system: System) -> System:
