@@ -21,7 +21,7 @@ from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.eval.evaluate import (COMPARED, EvalConfig, WorkflowConfigs, add_intervals, compare_systems,
-                                   comparison_pairs, make_team, no_answer_reasons, question_scores,
+                                   comparison_pairs, make_team, no_answer_reasons, question_scores, row_kind,
                                    rows_without_their_stage, run_system, summarize, system_groups, with_average,
                                    without_rows)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
@@ -75,7 +75,7 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
                           f"on the {llm.backend} engine: set llm.stages.evaluate to vllm, or drop the rows")
     t0 = time.perf_counter()
     qa = load_benchmarks(ev, benchmarks, ev.max_questions())  # every system answers a prefix of these
-    needs_retrieval = any(s.workflow != "native" for s in ev.systems.values())
+    needs_retrieval = any(row_kind(s.workflow).retrieves for s in ev.systems.values())
     if retriever is None and needs_retrieval:
         from ragteam.retrieval import open_retriever
 

@@ -1,7 +1,8 @@
 """The proof of "one system, one module" (issue 72): a sixth system, defined in this one file (its prompts, parsers,
 workflow, reward, credit and oracle player), registered in `ragteam.systems.REGISTRY`, runs through the real stage
 code: its oracle traces (`stages.oracle_traces`), a warm-up of a few SFT steps on them (`stages.warmup_joint`) and
-one RL step (`stages.train_joint`), touching no other module of the library. docs/adding-a-system.md walks through
+one RL step (`stages.train_joint`), then an evaluate row of its base and trained team (`stages.evaluate`),
+touching no other module of the library. docs/adding-a-system.md walks through
 it.
 
 The toy: a query writer reads the question and writes `<query>...</query>`; the retriever searches it; an answerer
@@ -22,7 +23,7 @@ from ragteam.agents.core import FormatError, clip_words, finish_episode, llm_ste
 from ragteam.config import Strict, load_params, parse_section
 from ragteam.metrics import exact_match, f1_score
 from ragteam.records import Episode
-from ragteam.systems import REGISTRY, System, oracle_system, register
+from ragteam.systems import REGISTRY, RowKind, System, oracle_system, register
 from ragteam.train.joint.params import JointSystemParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.oracle import OracleSystem, user_text, visible_fact
@@ -135,9 +136,16 @@ def toy_oracle(params: dict) -> OracleSystem:
                         describe={"workflow": "tests/test_toy_system.py run_toy"})
 
 
+# ---- its evaluation row -----------------------------------------------------------------------------------------------
+
+def toy_row(rows, team, retriever, cfgs, spec, name) -> list[Episode]:
+    """An evaluate row of the toy: its workflow under its own section (`WorkflowConfigs.sections`)."""
+    return run_toy(rows, team, retriever, cfgs.sections.get(NAME, ToyConfig()), system=name)
+
+
 TOY = System(name=NAME, section=NAME, config=ToyConfig, train_params=JointSystemParams, joint=toy_joint,
              reward_text="Toy: every call gets the episode's F1, minus toy.format_penalty for its own format error.",
-             oracle=toy_oracle)
+             oracle=toy_oracle, rows={NAME: RowKind(roles=ROLES, family="Toy", run=toy_row)})
 
 
 # ---- through the real stages ----------------------------------------------------------------------------------------
@@ -197,3 +205,23 @@ def test_a_system_defined_in_one_file_traces_warms_up_and_trains_through_the_sta
     assert "every call gets the episode's F1" in card and "no critic" in card
     assert metrics["questions"] == 2 and f"reward/{QUERY}_last" in metrics
     assert oracle_system(NAME, params).roles == ROLES
+
+    # and an evaluate row of it, base and trained, through the real evaluate stage
+    from stages import evaluate
+
+    from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs
+    from ragteam.llm import LLMConfig
+    from ragteam.retrieval import open_retriever
+
+    trained = f"{NAME}_trained"
+    ev = EvalConfig(benchmarks=["synthetic"], n_questions=2,
+                    systems={NAME: {"workflow": NAME}, trained: {"workflow": NAME, "model": f"models/agents/{NAME}"}})
+    cfgs = WorkflowConfigs.from_params(params)
+    assert cfgs.sections[NAME].passage_words == 60
+    scored = evaluate.run(parse_section(params, "llm", LLMConfig), cfgs, ev,
+                          benchmarks=tmp_path / "data/prepared/benchmarks", results=tmp_path / "results/eval",
+                          report=tmp_path / "reports/eval.md", figures=tmp_path / "figures",
+                          differences=tmp_path / "metrics/eval_compare.json", retriever=open_retriever(index))
+    assert list(scored) == [NAME, trained] and scored[trained]["avg"]["n"] == 2
+    eps = [json.loads(line) for line in (tmp_path / "results/eval" / trained / "synthetic.jsonl").read_text().splitlines()]
+    assert [c["role"] for c in eps[0]["calls"]] == [QUERY, ANSWER]

@@ -19,22 +19,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from ragteam.agents import decor
-from ragteam.agents import jade as jade_agents
-from ragteam.agents.baselines import ROLE as GENERATOR, BaselineConfig, run_iter_retgen, run_native, run_standard_rag
-from ragteam.agents.debate import run_debate
-from ragteam.agents.decor_workflow import DecorConfig, run_decor
-from ragteam.agents.ircot import ROLE as REASONER, run_ircot
-from ragteam.agents.jade_workflow import JadeConfig, run_jade
-from ragteam.agents.mask import ROLES as MASK_ROLES
-from ragteam.agents.mask_workflow import MaskConfig, run_mask
-from ragteam.agents.maps_workflow import MapsConfig, run_maps
-from ragteam.agents.qagent_workflow import GENERATOR_ROLE as QAGENT_GENERATOR, QAgentConfig, run_qagent
-from ragteam.agents.sure import ROLES as SURE_ROLES, run_sure
+from ragteam.agents.baselines import BaselineConfig
+from ragteam.agents.decor_workflow import DecorConfig
+from ragteam.agents.jade_workflow import JadeConfig
+from ragteam.agents.mask_workflow import MaskConfig
+from ragteam.agents.maps_workflow import MapsConfig
+from ragteam.agents.qagent_workflow import QAgentConfig
 from ragteam.config import ParamsError, Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
@@ -42,26 +36,29 @@ from ragteam.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems import team_reward
-from ragteam.rewards.decor import Judge, decor_rewards, make_judge, score_lj
-from ragteam.rewards.jade import assign_rewards as assign_jade_rewards
+from ragteam.systems import REGISTRY, row_kinds as system_row_kinds, team_reward
+from ragteam.systems.spec import RowKind
+from ragteam.rewards.decor import Judge, make_judge, score_lj
 from ragteam.rewards.team import set_team_rewards
 
-Workflow = Literal["native", "standard_rag", "iter_retgen", "drag", "maps", "jade", "decor", "qagent", "qagent_plugin",
-                   "ircot", "sure", "mask"]
 # roles with trained checkpoints (eval.agents)
 AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent", "decor_planner", "decor_filter",
                     "decor_answerer"]
-ROLES = {"native": (GENERATOR,), "standard_rag": (GENERATOR,), "iter_retgen": (GENERATOR,),
-         "drag": ("proponent", "opponent", "moderator", "answer_agent"),
-         "maps": ("query_agent", "judge_agent", "answer_agent"),
-         "jade": jade_agents.ROLES,
-         "decor": (*decor.POLICY_ROLES, decor.SUMMARIZER),
-         "qagent": ("qagent",), "qagent_plugin": ("qagent", QAGENT_GENERATOR),
-         "ircot": (REASONER,), "sure": SURE_ROLES, "mask": MASK_ROLES}
+
+
+def row_kinds() -> dict[str, RowKind]:
+    """Every evaluation row kind (`SystemSpec.workflow`): the registered systems' (`System.rows`)."""
+    return system_row_kinds()
+
+
+def row_kind(workflow: str) -> RowKind:
+    return row_kinds()[workflow]
+
+
+ROLES = {k: r.roles for k, r in row_kinds().items()}
 # helper roles that are never trained: a system's `model` does not move them (they run on the base model, or on
 # their own checkpoint from DecorConfig.frozen_roles)
-FROZEN_ROLES = (decor.SUMMARIZER,)
+FROZEN_ROLES = tuple(dict.fromkeys(r for k in row_kinds().values() for r in k.frozen_roles))
 SCORE_KEYS = ("em", "f1", "acc")
 # per-question 0/1 flags, summarised in percent like the scores (module docstring)
 SILENCE_KEYS = ("no_answer", "format_error_questions")
@@ -75,7 +72,7 @@ COST_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "tokens", "retri
 class SystemSpec(Strict):
     """One row of the results table."""
 
-    workflow: Workflow
+    workflow: str                             # a row kind (`row_kinds`)
     trained_agents: bool = False              # roles listed in eval.agents use those checkpoints
     base_roles: list[AgentRole] = Field(default_factory=list)  # ... except these, which use the base model (Table 2)
     fixed_rounds: int | None = Field(None, ge=1)  # maps: override maps.fixed_rounds (Table 3)
@@ -90,9 +87,16 @@ class SystemSpec(Strict):
     # It costs an Answer call a turn, which the row's cost columns count. None: the `mask` section's
     answer_every_turn: bool | None = None
 
+    @field_validator("workflow")
+    @classmethod
+    def _known_workflow(cls, v: str) -> str:
+        if v not in row_kinds():
+            raise ValueError(f"unknown workflow {v!r} (known: {', '.join(row_kinds())})")
+        return v
+
     @model_validator(mode="after")
     def _every_turn_is_mask(self):
-        if self.answer_every_turn is not None and self.workflow != "mask":
+        if self.answer_every_turn is not None and "answer_every_turn" not in row_kind(self.workflow).settings:
             raise ValueError(f"answer_every_turn is an M-ASK row setting (workflow mask), not {self.workflow!r}")
         return self
 
@@ -132,10 +136,9 @@ class EvalConfig(Strict):
     @model_validator(mode="after")
     def _trained_qagent_has_a_checkpoint(self):
         for name, spec in self.systems.items():
-            if (spec.workflow.startswith("qagent") and spec.trained_agents and "qagent" not in spec.base_roles
-                    and "qagent" not in self.agents):
-                raise ValueError(f"systems.{name}: trained_agents needs agents.qagent (the trained QAgent, e.g. "
-                                 f"models/agents/qagent from train_joint@qagent), or base_roles: [qagent]")
+            check = row_kind(spec.workflow).check
+            if check is not None and (why := check(name, spec, self.agents)):
+                raise ValueError(why)
         return self
 
     def questions_for(self, name: str) -> int:
@@ -149,7 +152,7 @@ class EvalConfig(Strict):
 def role_models(spec: SystemSpec, agents: Mapping[str, str]) -> dict[str, str]:
     """role -> checkpoint for the roles that do not use the base model."""
     if spec.model is not None:
-        return dict.fromkeys((r for r in ROLES[spec.workflow] if r not in FROZEN_ROLES), spec.model)
+        return dict.fromkeys((r for r in row_kind(spec.workflow).roles if r not in FROZEN_ROLES), spec.model)
     if not spec.trained_agents:
         return {}
     return {role: path for role, path in agents.items() if role not in spec.base_roles}
@@ -171,7 +174,7 @@ def rows_without_their_stage(ev: EvalConfig, joint: Mapping) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, spec in ev.systems.items():
         used = role_models(spec, ev.agents)
-        for path in (used[r] for r in ROLES[spec.workflow] if r in used):   # maps never loads eval.agents.qagent
+        for path in (used[r] for r in row_kind(spec.workflow).roles if r in used):   # maps never loads eval.agents.qagent
             parts = Path(path).parts
             root, system = "/".join(parts[:2]), parts[2] if len(parts) == 3 else None
             if root in JOINT_CHECKPOINTS and system in known - listed:
@@ -210,7 +213,7 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
 
 class WorkflowConfigs(Strict):
     """The params sections the workflows read (`maps`, `eval.baselines`, `jade`, `qagent`, ...), one object so that
-    a new system adds a field here and a branch in `run_system`, not a parameter to every caller."""
+    a new system adds a field here and its row kinds (`System.rows`), not a parameter to every caller."""
 
     maps: MapsConfig = MapsConfig()
     baselines: BaselineConfig = BaselineConfig()
@@ -221,6 +224,9 @@ class WorkflowConfigs(Strict):
     # QAgent's stage-2 reward weight (Eq. 10; params.yaml joint.qagent.hit_weight, a training param): the team
     # reward of its plug-in rows
     qagent_hit_weight: float = Field(0.5, ge=0)
+    # section -> its parsed params, for the registered systems whose section has no field above (a study's or a
+    # test's own system, `System.section` / `System.config`): what their rows' `run` reads
+    sections: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
     def from_params(cls, params: Mapping, baselines: BaselineConfig | None = None) -> WorkflowConfigs:
@@ -228,7 +234,11 @@ class WorkflowConfigs(Strict):
         from ragteam.config import parse_section
 
         fields = {name: parse_section(params, name, cls.model_fields[name].annotation)
-                  for name in cls.model_fields if name not in ("baselines", "qagent_hit_weight") and name in params}
+                  for name in cls.model_fields if name not in ("baselines", "qagent_hit_weight", "sections") and name in params}
+        own = {s.section: parse_section(params, s.section, s.config) for s in REGISTRY.values()
+               if s.section and s.config is not None and s.section not in cls.model_fields and s.section in params}
+        if own:
+            fields["sections"] = own
         hit_weight = ((params.get("joint") or {}).get("qagent") or {}).get("hit_weight")
         if hit_weight is not None:
             fields["qagent_hit_weight"] = hit_weight
@@ -244,59 +254,25 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
     golds gets its system's training reward as `metrics["team_reward"]` (`ragteam.rewards.team`), and so does every
     M-ASK episode of a row that answers after every turn (`SystemSpec.answer_every_turn`). LJ is scored for DECOR systems and, with `lj`, for any system (judge: `cfgs.decor.judge` on
     `team`; for DECOR from the same verdicts as its rewards)."""
-    if spec.workflow != "native" and retriever is None:
+    kind = row_kind(spec.workflow)
+    if kind.retrieves and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
-    if spec.workflow == "native":
-        eps = run_native(rows, team, system=name)
-    elif spec.workflow == "standard_rag":
-        eps = run_standard_rag(rows, team, retriever, cfgs.baselines, system=name)
-    elif spec.workflow == "iter_retgen":
-        eps = run_iter_retgen(rows, team, retriever, cfgs.baselines, system=name)
-    elif spec.workflow == "drag":
-        eps = run_debate(rows, team, retriever, cfgs.maps.debate, answer=True, system=name)
-    elif spec.workflow == "ircot":
-        eps = run_ircot(rows, team, retriever, cfgs.baselines.ircot, system=name)
-    elif spec.workflow == "sure":
-        eps = run_sure(rows, team, retriever, cfgs.baselines.sure, system=name)
-    elif spec.workflow == "mask":
-        eps = run_mask(rows, team, retriever, mask_config(spec, cfgs), system=name)
-    elif spec.workflow == "jade":
-        eps = run_jade(rows, team, retriever, cfgs.jade, system=name)
-    elif spec.workflow == "decor":
-        eps = run_decor(rows, team, retriever, cfgs.decor, system=name)
-    elif spec.workflow in ("qagent", "qagent_plugin"):
-        eps = run_qagent(rows, team, retriever, cfgs.qagent, plugin=spec.workflow == "qagent_plugin", system=name)
-    else:
-        cfg = (cfgs.maps if spec.fixed_rounds is None
-               else cfgs.maps.model_copy(update={"fixed_rounds": spec.fixed_rounds}))
-        eps = run_maps(rows, team, retriever, cfg, system=name)
-    judge = make_judge(cfgs.decor, team) if spec.workflow == "decor" or lj else None
-    eps = score_episodes(eps, None if spec.workflow == "decor" else judge)
-    scored = [ep for ep in eps if ep.golden_answers]
-    if spec.workflow == "jade":
-        for ep in scored:
-            assign_jade_rewards(ep, cfgs.jade.reward)
-    elif spec.workflow == "decor" and scored:
-        # one judging pass: the role verdicts of the rewards and R_LJ, which is also the LJ score
-        for ep, j in zip(scored, decor_rewards(scored, judge, cfgs.decor.reward)):
-            ep.metrics["lj"] = j.lj
+    eps = kind.run(rows, team, retriever, cfgs, spec, name)
+    judge = make_judge(cfgs.decor, team) if lj and not kind.judged else None
+    eps = score_episodes(eps, judge)
+    if kind.post_score is not None:
+        kind.post_score([ep for ep in eps if ep.golden_answers], team, cfgs)
     if has_team_reward(spec, cfgs):
         set_team_rewards(eps, spec.workflow, team_reward(spec.workflow), cfgs)
     return eps
 
 
-def mask_config(spec: SystemSpec, cfgs: WorkflowConfigs) -> MaskConfig:
-    """The `mask` section with the row's `answer_every_turn`, where it sets one."""
-    if spec.answer_every_turn is None:
-        return cfgs.mask
-    return cfgs.mask.model_copy(update={"answer_every_turn": spec.answer_every_turn})
-
-
 def has_team_reward(spec: SystemSpec, cfgs: WorkflowConfigs) -> bool:
     """Whether a row's episodes get `metrics["team_reward"]`: JADE, DECOR and QAgent rows always, M-ASK rows that
     answer after every turn (`ragteam.rewards.team`)."""
-    if spec.workflow == "mask":
-        return mask_config(spec, cfgs).answer_every_turn
+    own = row_kind(spec.workflow).has_team_reward
+    if own is not None:
+        return own(spec, cfgs)
     return team_reward(spec.workflow) is not None
 
 
@@ -394,10 +370,8 @@ def with_average(per_benchmark: Mapping[str, Mapping[str, float]]) -> dict[str, 
 
 # ---- what the figures and the declared metrics show ---------------------------------------------------------------
 
-# a system's family in the figures: the paper it comes from (the FlashRAG baselines together)
-FAMILIES = {"native": "Baselines", "standard_rag": "Baselines", "iter_retgen": "Baselines", "drag": "Baselines",
-            "ircot": "Baselines", "sure": "Baselines", "maps": "MAPS", "mask": "M-ASK", "jade": "JADE",
-            "decor": "DECOR", "qagent": "QAgent", "qagent_plugin": "QAgent"}
+# a row's family in the figures is its row kind's (`RowKind.family`): the paper it comes from (the FlashRAG
+# baselines together)
 MAX_SERIES = 8   # bars or markers per panel that a reader can still tell apart
 
 
@@ -406,7 +380,8 @@ def system_groups(systems: Mapping[str, SystemSpec], max_series: int = MAX_SERIE
     "<family> (1/k)" parts: one figure panel each."""
     fam: dict[str, list[str]] = {}
     for name, spec in systems.items():
-        fam.setdefault(FAMILIES.get(spec.workflow, spec.workflow), []).append(name)
+        fam.setdefault(row_kinds()[spec.workflow].family if spec.workflow in row_kinds() else spec.workflow,
+                       []).append(name)
     out: dict[str, list[str]] = {}
     for f, names in fam.items():
         parts = [names[i: i + max_series] for i in range(0, len(names), max_series)]

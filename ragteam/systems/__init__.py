@@ -12,12 +12,15 @@ from ragteam.agents.grammars import constrain
 from ragteam.config import ParamsError
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.team import TeamReward
-from ragteam.systems import decor, jade, mask, qagent
-from ragteam.systems.spec import System
+from ragteam.systems import baselines, decor, jade, maps, mask, qagent
+from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.oracle import OracleSystem
 
-REGISTRY: dict[str, System] = {s.name: s for s in (mask.SYSTEM, jade.SYSTEM, decor.SYSTEM, qagent.SYSTEM)}
+# the joint systems, then the evaluation-only ones (MAPS, whose agents train through their own stages, and the
+# baselines): rows only
+REGISTRY: dict[str, System] = {s.name: s for s in (mask.SYSTEM, jade.SYSTEM, decor.SYSTEM, qagent.SYSTEM, maps.SYSTEM,
+                                                   *baselines.SYSTEMS)}
 
 
 def register(system: System) -> System:
@@ -79,5 +82,11 @@ def grammar_sampling(workflow: str, sampling: Mapping, default_key: str = "defau
     return constrain(known[workflow], sampling, default_key)
 
 
+def row_kinds() -> dict[str, RowKind]:
+    """Evaluation row kind (`SystemSpec.workflow`) -> how evaluate runs and scores it, for every registered system
+    (`System.rows`)."""
+    return {k: r for s in REGISTRY.values() for k, r in s.rows.items()}
+
+
 __all__ = ["REGISTRY", "System", "build_joint", "grammar_sampling", "grammars", "joint_names", "joint_system",
-           "oracle_names", "oracle_system", "register", "team_reward"]
+           "oracle_names", "oracle_system", "register", "row_kinds", "team_reward"]

@@ -20,7 +20,7 @@ from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.decor import RuleJudge, decor_rewards, make_judge
 from ragteam.rewards.team import TeamReward
-from ragteam.systems.spec import System
+from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.params import JointSystemParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.gold import Gold, bare
@@ -204,7 +204,24 @@ def decor_oracle(params: dict[str, Any]) -> OracleSystem:
                   "reward": "DECOR Eq. 2-3 with the rule judge", "decor": cfg.model_dump()})
 
 
+# ---- evaluation: its rows -------------------------------------------------------------------------------------------
+
+def score_rows(scored: Sequence[Episode], team: Team, cfgs) -> None:
+    """Eq. 2-3 rewards (`decor.reward`, judge `decor.judge`) and LJ in one judging pass: the role verdicts of the
+    rewards and R_LJ, which is also the LJ score."""
+    judge = make_judge(cfgs.decor, team)
+    if scored:
+        for ep, j in zip(scored, decor_rewards(scored, judge, cfgs.decor.reward)):
+            ep.metrics["lj"] = j.lj
+
+
+# the summarizer is a helper that is never trained: a row's `model` leaves it where it was (DecorConfig.frozen_roles)
+ROWS = {"decor": RowKind(roles=(*D.POLICY_ROLES, D.SUMMARIZER), family="DECOR", frozen_roles=(D.SUMMARIZER,),
+                         post_score=score_rows, judged=True,
+                         run=lambda rows, team, retriever, cfgs, spec, name: run_decor(rows, team, retriever,
+                                                                                       cfgs.decor, system=name))}
+
 
 SYSTEM = System(name="decor", section="decor", config=DecorConfig, train_params=JointSystemParams,
                 joint=decor_system, reward_text=REWARD_TEXT, oracle=decor_oracle, grammars=GRAMMARS,
-                team_rewards=TEAM_REWARDS)
+                team_rewards=TEAM_REWARDS, rows=ROWS)

@@ -28,7 +28,7 @@ from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.jade import assign_rewards
 from ragteam.rewards.team import TeamReward, episode_return
-from ragteam.systems.spec import System
+from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.params import GroupEstimatorParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.gold import Gold
@@ -298,7 +298,19 @@ def jade_oracle(params: dict[str, Any]) -> OracleSystem:
         describe={"workflow": "ragteam.agents.jade_workflow.run_jade (Algorithm 1, the rollouts' procedure)",
                   "reward": "JADE Eq. 6-8", "jade": cfg.model_dump()})
 
+# ---- evaluation: its rows -------------------------------------------------------------------------------------------
+
+def score_rows(scored: Sequence[Episode], team, cfgs) -> None:
+    """Episodes with golden answers get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported."""
+    for ep in scored:
+        assign_rewards(ep, cfgs.jade.reward)
+
+
+ROWS = {"jade": RowKind(roles=J.ROLES, family="JADE", post_score=score_rows,
+                        run=lambda rows, team, retriever, cfgs, spec, name: run_jade(rows, team, retriever, cfgs.jade,
+                                                                                     system=name))}
+
 
 SYSTEM = System(name="jade", section="jade", config=JadeConfig, train_params=JadeTrainParams, joint=jade_system,
                 reward_text=REWARD_TEXT, oracle=jade_oracle, grammars=GRAMMARS,
-                team_rewards=TEAM_REWARDS)
+                team_rewards=TEAM_REWARDS, rows=ROWS)

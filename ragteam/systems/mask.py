@@ -28,7 +28,7 @@ from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.mask import annotate_mask, annotate_mask_episode
 from ragteam.rewards.team import TeamReward
-from ragteam.systems.spec import System
+from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.params import GroupEstimatorParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.gold import Gold
@@ -278,7 +278,23 @@ def mask_oracle(params: dict[str, Any]) -> OracleSystem:
         describe={"workflow": "ragteam.agents.mask_workflow.run_mask(training=True)", "mask": cfg.model_dump()})
 
 
+# ---- evaluation: its rows -------------------------------------------------------------------------------------------
+
+def row_config(spec, cfgs) -> MaskConfig:
+    """The `mask` section with the row's `answer_every_turn`, where it sets one."""
+    if spec.answer_every_turn is None:
+        return cfgs.mask
+    return cfgs.mask.model_copy(update={"answer_every_turn": spec.answer_every_turn})
+
+
+# a row answers after every turn (SystemSpec.answer_every_turn) to get M-ASK's own training reward as its team reward
+ROWS = {"mask": RowKind(
+    roles=M.ROLES, family="M-ASK", settings=("answer_every_turn",),
+    run=lambda rows, team, retriever, cfgs, spec, name: run_mask(rows, team, retriever, row_config(spec, cfgs),
+                                                                 system=name),
+    has_team_reward=lambda spec, cfgs: row_config(spec, cfgs).answer_every_turn)}
+
 
 SYSTEM = System(name="mask", section="mask", config=MaskConfig, train_params=MaskTrainParams, joint=mask_system,
                 reward_text=REWARD_TEXT, oracle=mask_oracle, grammars=GRAMMARS, team_rewards=TEAM_REWARDS,
-                probe_row={"answer_every_turn": True})
+                probe_row={"answer_every_turn": True}, rows=ROWS)

@@ -13,12 +13,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragteam.config import Strict
+from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.team import TeamReward
 from ragteam.train.checkpoints import TrainResult
 from ragteam.train.joint.params import PPOParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.oracle import OracleSystem
+
+
+@dataclass(frozen=True)
+class RowKind:
+    """One kind of evaluate row (`ragteam.eval.evaluate.SystemSpec.workflow`): how evaluation runs and scores it.
+
+    `roles`: the workflow's roles, in order (a row's `model` moves all but `frozen_roles`, helper roles that are never
+    trained and stay on the base model or their own checkpoint). `run(rows, team, retriever, cfgs, spec, name)` runs
+    the workflow on the rows (`cfgs`: `ragteam.eval.evaluate.WorkflowConfigs`, `spec` the row) and returns one
+    Episode per row. `post_score(scored, team, cfgs)` adds what the system scores after EM/F1 on the episodes with
+    golds (its rewards; LJ where `judged`: the system judges its episodes itself, evaluation's LJ judge is not used).
+    `has_team_reward(spec, cfgs)`: whether the row's episodes get the system's team reward (None: whenever the
+    system has one for the kind, `System.team_rewards`). `family`: its figure panel (the paper it comes from).
+    `settings`: the `SystemSpec` row settings only this kind accepts. `check(name, spec, agents)`: a params error
+    message for a row that cannot run (None: fine)."""
+
+    roles: tuple[str, ...]
+    run: Callable[..., list[Episode]]
+    family: str
+    frozen_roles: tuple[str, ...] = ()
+    post_score: Callable[..., None] | None = None
+    judged: bool = False
+    retrieves: bool = True          # False: runs without a retriever (the native baseline)
+    has_team_reward: Callable[[Any, Any], bool] | None = None
+    settings: tuple[str, ...] = ()
+    check: Callable[[str, Any, Any], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +82,8 @@ class System:
     # evaluation row kind (`SystemSpec.workflow`) -> the system's own training reward of its finished episodes
     # (`metrics["team_reward"]`, ragteam.rewards.team); a kind without one has no team reward
     team_rewards: dict[str, TeamReward] = field(default_factory=dict)
+    # evaluation row kind (`SystemSpec.workflow`) -> how evaluate runs and scores such a row; empty: no rows
+    rows: dict[str, RowKind] = field(default_factory=dict)
 
     def build_joint(self, params: dict[str, Any], retriever: Retriever, *args) -> JointSystem:
         if self.joint is None:

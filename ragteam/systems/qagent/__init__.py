@@ -18,7 +18,7 @@ from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.qagent import qagent_reward_stage1, qagent_reward_stage2, qagent_rewards_stage1
 from ragteam.rewards.team import TeamReward
-from ragteam.systems.spec import System
+from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.system import JointSystem
 from ragteam.systems.qagent.train import QAgentTrainParams, stage_ppo, train_qagent
 from ragteam.warmup.gold import Gold
@@ -167,8 +167,27 @@ def qagent_oracle(params: dict[str, Any]) -> OracleSystem:
         describe={"workflow": "ragteam.agents.qagent_workflow.run_qagent (end to end)", "reward": "Eq. 7",
                   "qagent": cfg.model_dump()})
 
+# ---- evaluation: its rows -------------------------------------------------------------------------------------------
+
+def _has_checkpoint(name: str, spec, agents) -> str | None:
+    """A row with trained agents needs the trained QAgent, unless its role stays on the base model."""
+    if spec.trained_agents and ROLE not in spec.base_roles and ROLE not in agents:
+        return (f"systems.{name}: trained_agents needs agents.qagent (the trained QAgent, e.g. "
+                f"models/agents/qagent from train_joint@qagent), or base_roles: [qagent]")
+    return None
+
+
+def _row(plugin: bool) -> RowKind:
+    return RowKind(roles=(ROLE, GENERATOR_ROLE) if plugin else (ROLE,), family="QAgent", check=_has_checkpoint,
+                   run=lambda rows, team, retriever, cfgs, spec, name: run_qagent(rows, team, retriever, cfgs.qagent,
+                                                                                  plugin=plugin, system=name))
+
+
+# end to end, and the plug-in mode (the frozen generator answers from what the agent found)
+ROWS = {"qagent": _row(False), "qagent_plugin": _row(True)}
+
 
 SYSTEM = System(name="qagent", section="qagent", config=QAgentConfig, train_params=QAgentTrainParams,
                 joint=qagent_system, reward_text=REWARD_TEXT, oracle=qagent_oracle, stages=("stage1", "stage2"),
                 stage_ppo=stage_ppo, train_stages=train_qagent, grammars=GRAMMARS,
-                team_rewards=TEAM_REWARDS)
+                team_rewards=TEAM_REWARDS, rows=ROWS)
