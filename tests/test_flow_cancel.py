@@ -80,7 +80,7 @@ def test_a_cancelled_flow_stops_the_stage_and_its_output_never_appears(tmp_path,
     log = (tmp_path / "flow.log").open("w")
     # its own session: the signal below reaches the orchestrator alone, as `kill -INT <pid>` or a Prefect cancel does
     orch = subprocess.Popen([str(ragteam), "flow", "run"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_signals)
     pid_file = repo / "log/slow.pid"
     stage_pid = stage_pgid = None
     try:
@@ -127,6 +127,14 @@ def test_a_cancelled_flow_stops_the_stage_and_its_output_never_appears(tmp_path,
         log.close()
 
 
+def _default_signals() -> None:
+    """Run in the child before exec: SIGINT and SIGHUP back to their defaults. A shell starts a background job with
+    SIGINT ignored, and nohup ignores SIGHUP; a child inherits that, so a suite launched that way (`nohup make test &`)
+    would test an inherited disposition instead of the code's own handling."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _ignoring(signals: str) -> list[str]:
     """A python process that ignores `signals` (comma-separated names), prints 'ready', then sleeps, and a child
     of its own (same group) that sleeps too."""
@@ -142,7 +150,8 @@ def _ignoring(signals: str) -> list[str]:
 @pytest.mark.parametrize("ignores, stopped_by", [("", "SIGINT"), ("SIGINT", "SIGTERM"),
                                                  ("SIGINT,SIGTERM", "SIGKILL")])
 def test_a_process_group_is_stopped_by_sigint_then_sigterm_then_sigkill(ignores, stopped_by):
-    proc = subprocess.Popen(_ignoring(ignores), stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(_ignoring(ignores), stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_signals)
     try:
         line = proc.stdout.readline().split()
         assert line[0] == "ready"
