@@ -72,6 +72,7 @@ def _probe(backend: str, **env) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, **env})
 
 
+@pytest.mark.slow   # needs .venv-worker, which `make test` builds and `make test-fast` does not
 def test_a_stage_that_asks_for_vllm_becomes_the_worker_interpreter_in_the_same_process():
     """The worker environment is built by `make test` (and `make setup-worker`) before this suite runs."""
     assert WORKER_PY.is_file(), f"{WORKER_PY} is missing: build the worker environment with `make setup-worker`"
