@@ -374,7 +374,7 @@ def _local_input(path: str | Path, what: str, fix: str) -> None:
 @app.command("ask")
 def ask(
     questions: list[str] = typer.Argument(..., help="one or more questions (answered together, batched)"),
-    system: str = typer.Option("maps", help="a system of eval.systems in params.yaml"),
+    system: Optional[str] = typer.Option(None, help="a system of eval.systems in params.yaml (default: MAPS)"),
     params: Path = typer.Option(Path("params.yaml"), help="params file (llm, eval and the workflow sections)"),
     index: Optional[str] = typer.Option(None, help="index dir or http(s) retrieval service (default: eval.retriever)"),
     calls: bool = typer.Option(False, "--calls", help="also print every agent call"),
@@ -382,10 +382,13 @@ def ask(
 ) -> None:
     """Answer QUESTIONS with one configured system (MAPS by default): answers, rounds, cost, optionally every call."""
     from ragteam.config import ParamsError, load_params, parse_section
-    from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs, make_team, run_system
+    from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs, make_team, row_kind, run_system
+    from ragteam.systems import frozen_role_models
+    from ragteam.systems.maps import SYSTEM as MAPS
     from ragteam.io import DataError
     from ragteam.llm import EnginePool, LLMConfig
 
+    system = system or MAPS.name
     try:
         p = load_params(params)
         llm = parse_section(p, "llm", LLMConfig)
@@ -398,14 +401,14 @@ def ask(
         if spec.model:
             _local_input(spec.model, f"model directory (eval.systems.{system}.model)", "run the stage that trains "
                          f"it (`dvc repro evaluate` runs every one) or `dvc pull {spec.model}` first")
-        if spec.workflow != "native":
+        if row_kind(spec.workflow).retrieves:
             from ragteam.retrieval import open_retriever
 
             _local_input(index or ev.retriever, "index", "build it with `dvc repro index_bm25@bm25s` (the "
                          "default's; dense: index_dense) or `dvc pull` it, or name another with --index")
             retriever = open_retriever(index or ev.retriever)
         cfgs = WorkflowConfigs.from_params(p, ev.baselines)
-        team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling, cfgs.decor.frozen_roles())
+        team = make_team(EnginePool(llm), spec, ev.agents, llm.model, llm.sampling, frozen_role_models(cfgs))
         rows = [{"id": str(i), "question": q, "golden_answers": []} for i, q in enumerate(questions)]
         episodes = run_system(spec, rows, team, retriever, cfgs, system)
     except (ParamsError, DataError, ValueError, RuntimeError, OSError) as e:

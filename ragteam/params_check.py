@@ -22,7 +22,6 @@ SECTIONS: dict[str, str] = {
     "data": "stages.prepare_data:DataParams",
     "retrieval": "ragteam.retrieval.config:RetrievalParams",
     "llm": "ragteam.llm:LLMConfig",
-    "maps": "ragteam.agents.maps_workflow:MapsConfig",
     "eval": "ragteam.eval.evaluate:EvalConfig",
     "eval_agents": "ragteam.eval.agents:EvalAgentsConfig",
     "synthesize": "stages.synthesize:SynthesizeParams",
@@ -46,9 +45,9 @@ def _model(ref: str) -> type | None:
 
 def system_sections() -> dict[str, type]:
     """params.yaml section -> the model its system parses it with, for every registered system that has one."""
-    from ragteam.systems import REGISTRY
+    from ragteam.systems import config_sections
 
-    return {s.section: s.config for s in REGISTRY.values() if s.section is not None and s.config is not None}
+    return config_sections()
 
 
 def check_params(params: dict[str, Any], source: str = "params.yaml") -> None:

@@ -13,9 +13,13 @@ PROFILE_DIR = Path("profiles")
 # Mappings whose entries the user names (report rows, agent roles): an overlay may add entries there, e.g. the
 # Table 3 rows of profiles/table3.yaml; and each joint system's overrides of joint.ppo (empty by default, their keys
 # checked against PPOParams by stages.train_joint.load_joint). Everywhere else a key the base lacks is a typo.
-OPEN_MAPPINGS = ("eval.systems", "llm.sampling", "joint.mask.ppo", "joint.jade.ppo", "joint.decor.ppo",
-                 "joint.qagent.ppo", "warmup.systems.mask", "warmup.systems.jade", "warmup.systems.decor",
-                 "warmup.systems.qagent")
+def open_mappings() -> tuple[str, ...]:
+    """The mappings whose entries the user names (the comment above): the joint systems' and the warmed-up systems'
+    from the registry (`ragteam.systems`)."""
+    from ragteam.systems import joint_names, oracle_names
+
+    return ("eval.systems", "llm.sampling", *(f"joint.{n}.ppo" for n in joint_names()),
+            *(f"warmup.systems.{n}" for n in oracle_names()))
 # Mappings an overlay may also take entries out of, by setting an entry to null: a study that scores a few rows of
 # `evaluate` (profiles/mask_rl_recipe.yaml) leaves the others out instead of paying for them. The entry must exist
 # (a typo stays an error); `dvc exp run` gets `-S '~key'`, Hydra's deletion.
@@ -58,7 +62,7 @@ def _removes(dotted: str, value: object) -> bool:
 def to_set_flags(overlay: dict, base: dict | None = None) -> list[str]:
     """`-S key=value` pairs for `dvc exp run`; values are JSON/YAML literals so lists survive.
 
-    A key `base` lacks (a new entry of an OPEN_MAPPINGS mapping) is written `+key=value`: DVC parses `-S` with
+    A key `base` lacks (a new entry of an `open_mappings()` mapping) is written `+key=value`: DVC parses `-S` with
     Hydra's override grammar, where `+` adds a key and a plain override of a missing key is an error. A null entry
     of a REMOVABLE mapping is written `~key`, Hydra's deletion.
     """
@@ -82,7 +86,7 @@ def _row_fields() -> frozenset[str]:
 
 
 def check_keys(base: dict, overlay: dict, where: str = "") -> None:
-    """An overlay may only change keys the base already has (or add entries to an OPEN_MAPPINGS mapping, or set a
+    """An overlay may only change keys the base already has (or add entries to an `open_mappings()` mapping, or set a
     field an eval.systems row leaves at its default, e.g. its own `n_questions`): a typo must not become a silent
     new param."""
     parent = where.rstrip(".").rpartition(".")[0]
@@ -91,7 +95,7 @@ def check_keys(base: dict, overlay: dict, where: str = "") -> None:
             if _removes(f"{where}{k}", v):
                 raise ParamsError(f"profile key '{where}{k}' is null, which takes the entry out, but params.yaml "
                                   f"has no such entry")
-            if where.rstrip(".") in OPEN_MAPPINGS or (parent == "eval.systems" and k in _row_fields()):
+            if where.rstrip(".") in open_mappings() or (parent == "eval.systems" and k in _row_fields()):
                 continue
             raise ParamsError(f"profile key '{where}{k}' does not exist in params.yaml")
         if isinstance(v, dict) and isinstance(base[k], dict):

@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ragteam.agents.jade_workflow import JadeConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
@@ -28,6 +27,7 @@ from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scor
                                  report_markdown, table_markdown)
 from ragteam.io import DataError, atomic_dir, atomic_file, compared_numbers, summary_path, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
+from ragteam.systems import frozen_role_models, report_context
 from ragteam.environment import environment_line, run_record
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.records import write_episodes
@@ -90,7 +90,7 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
             # all benchmarks of a system run as one batch: every step is one engine call over all their questions
             n = ev.questions_for(name)
             rows = [dict(r, _benchmark=b) for b, rs in qa.items() for r in rs[:n]]
-            team = make_team(engines, spec, ev.agents, llm.model, llm.sampling, cfgs.decor.frozen_roles())
+            team = make_team(engines, spec, ev.agents, llm.model, llm.sampling, frozen_role_models(cfgs))
             team.on_call = lambda role, k, s, name=name, ts=ts: print(
                 f"evaluate: {name}: {role} on {k} prompts, {s:.1f} s (system {time.perf_counter() - ts:.0f} s)",
                 flush=True)
@@ -117,18 +117,8 @@ def run(llm: LLMConfig, cfgs: WorkflowConfigs | MapsConfig, ev: EvalConfig, *, b
     scores_png = plot_scores(metrics, benches, figures / "eval_scores.png", groups)
     context = {"base model": llm.model, "backend": f"{llm.backend} ({llm.device}, {llm.dtype})",
                "retriever": ev.retriever, "questions per benchmark": _questions_context(ev),
-               "MAPS": f"max_rounds {cfgs.maps.max_rounds}, top_k {cfgs.maps.top_k}, fixed_rounds "
-                       f"{cfgs.maps.fixed_rounds}, max_chunks {cfgs.maps.max_chunks}",
-               **({"DECOR": f"t_max {cfgs.decor.t_max}, top_k {cfgs.decor.top_k}, l_max {cfgs.decor.l_max}, "
-                           f"passage_words {cfgs.decor.passage_words}",
-                  "LJ judge": (f"llm ({cfgs.decor.judge_model or llm.model}, Appendix B.1)" if cfgs.decor.judge == "llm"
-                               else "rules (a gold answer contained in the prediction, whole words)")}
-                  if "decor" in used or ev.lj == "all" else {}),
+               **report_context(cfgs, llm.model, used, ev.lj == "all"),     # each system's own settings
                "trained agents": dict(ev.agents) or "none (every role uses the base model)",
-               **({"JADE": _jade_context(cfgs.jade)} if "jade" in used else {}),
-               **({"QAgent": f"max_turns {cfgs.qagent.max_turns}, max_queries {cfgs.qagent.max_queries}, top_k "
-                             f"{cfgs.qagent.top_k} per query, passage_words {cfgs.qagent.passage_words}"}
-                  if used & {"qagent", "qagent_plugin"} else {}),
                "engines": f"{llm.backend} ({environment_line()})",
                **({"rows left out": "; ".join(f"{k} ({v})" for k, v in left_out.items())} if left_out else {}),
                "CPU cores": os.cpu_count(), "total seconds": round(time.perf_counter() - t0, 1)}
@@ -149,13 +139,6 @@ def _questions_context(ev: EvalConfig) -> str:
     """eval.n_questions, and the systems that answer a different number (their rows' n column says it too)."""
     own = {name: ev.questions_for(name) for name in ev.systems if ev.questions_for(name) != ev.n_questions}
     return f"{ev.n_questions}" + (f" ({', '.join(f'{k}: {v}' for k, v in own.items())})" if own else "")
-
-
-def _jade_context(cfg: JadeConfig) -> str:
-    r = cfg.reward
-    return (f"max_rounds {cfg.max_rounds}, top_k {cfg.top_k}, passage_words {cfg.passage_words}, serial_rewrite "
-            f"{cfg.serial_rewrite}; reward α {r.alpha}, β {r.beta}, cost max {r.cost_max}, format penalty "
-            f"{r.format_penalty}")
 
 
 def main() -> None:

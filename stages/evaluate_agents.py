@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ragteam.agents.maps_workflow import MapsConfig
+from ragteam.systems.maps import config as maps_config
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.eval.agents import ROLE, EvalAgentsConfig, report_markdown, run_agents, summarize_agents
 from ragteam.eval.evaluate import EvalConfig
@@ -82,7 +83,7 @@ def main() -> None:
         params = load_params()
         ensure_engine_environment("evaluate_agents", params)
         llm = parse_section(params, "llm", LLMConfig).for_stage("evaluate_agents")
-        maps_cfg = parse_section(params, "maps", MapsConfig)
+        maps_cfg = maps_config(params)
         ev = parse_section(params, "eval", EvalConfig)
         cfg = parse_section(params, "eval_agents", EvalAgentsConfig)
         summary = run(llm, maps_cfg, cfg, trained_checkpoints(ev))

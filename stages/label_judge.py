@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from ragteam.agents.maps_workflow import MapsConfig
+from ragteam.systems.maps import config as maps_config
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
 from ragteam.data.validate import Limits, ValidationFailed, check_files
@@ -102,7 +103,7 @@ def main() -> None:
         ensure_engine_environment(STAGE, params)
         lp = parse_section(params, STAGE, LabelJudgeParams)
         llm = parse_section(params, "llm", LLMConfig).for_stage(STAGE)
-        maps_cfg = parse_section(params, "maps", MapsConfig)
+        maps_cfg = maps_config(params)
         xp = parse_section(params, "synthesize", ExtraParams) if lp.extra_candidates else None
         metrics = run(lp, llm, maps_cfg, xp=xp)
     except (ParamsError, DataError, ValueError, EngineDead) as e:

@@ -8,6 +8,7 @@ metrics/train_answer.json. Resumes from checkpoints/train_answer after a kill.
 from __future__ import annotations
 
 from ragteam.agents.maps_workflow import MapsConfig
+from ragteam.systems.maps import config as maps_config
 from ragteam.config import ParamsError, parse_section
 from ragteam.io import DataError
 from ragteam.llm import LLMConfig
@@ -87,7 +88,7 @@ def run_openrlhf_backend(tp: TrainAnswerParams, llm: LLMConfig, s1, s2, orl: Ope
 def from_params(params: dict) -> dict:
     tp = parse_section(params, STAGE, TrainAnswerParams)
     orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
-    return run(tp, parse_section(params, "llm", LLMConfig).for_stage(STAGE), parse_section(params, "maps", MapsConfig),
+    return run(tp, parse_section(params, "llm", LLMConfig).for_stage(STAGE), maps_config(params),
                orl)
 
 

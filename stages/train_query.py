@@ -8,6 +8,7 @@ Writes models/agents/query, the curves reports/training/train_query/ (DVCLive; +
 from __future__ import annotations
 
 from ragteam.agents.maps_workflow import MapsConfig
+from ragteam.systems.maps import config as maps_config
 from ragteam.config import ParamsError, parse_section
 from ragteam.io import DataError
 from ragteam.llm import EnginePool, LLMConfig
@@ -92,7 +93,7 @@ def run_openrlhf_backend(tp, llm, maps_cfg, retriever_path, samples, orl) -> dic
 def from_params(params: dict) -> dict:
     tp = parse_section(params, STAGE, TrainQueryParams)
     orl = parse_section(params, "openrlhf", OpenRLHFParams) if tp.backend == "openrlhf" else None
-    return run(tp, parse_section(params, "llm", LLMConfig).for_stage(STAGE), parse_section(params, "maps", MapsConfig),
+    return run(tp, parse_section(params, "llm", LLMConfig).for_stage(STAGE), maps_config(params),
                tp.retriever, orl)
 
 

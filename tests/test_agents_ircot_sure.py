@@ -63,7 +63,7 @@ def _ircot_reply(role, msgs):
 def test_ircot_stops_at_the_answer_or_after_max_iterations_one_call_per_step():
     eng, ret = RoleEngines(_ircot_reply), KeywordRetriever(PASSAGES)
     cfg = ircot.IRCoTConfig(top_k=2, max_iterations=3, max_chunks=20)
-    eps = ircot.run_ircot(ROWS, Team(eng), ret, cfg)
+    eps = ircot.run_ircot(ROWS, Team(eng), ret, cfg, system="ircot")
     a, b, c = eps
     assert eng.steps(ircot.ROLE) == [3, 2, 1]           # every unfinished question in one call per iteration
     assert len(ret.log) == 3 and ret.log[0] == [r["question"] for r in ROWS]
@@ -88,7 +88,7 @@ def test_ircot_prompt_carries_thoughts_and_passages_by_ascending_best_score():
         return "Ann Lee was born in Paris, France."
 
     ircot.run_ircot(ROWS[1:2], Team(RoleEngines(reply)), KeywordRetriever(PASSAGES),
-                    ircot.IRCoTConfig(top_k=2, max_iterations=2))
+                    ircot.IRCoTConfig(top_k=2, max_iterations=2), system="ircot")
     first, second = (m[-1]["content"] for m in seen)
     # the question's hits (scores = shared words): Bob Ray 5, Ann Lee 3 -> ascending, the best passage last
     assert re.findall(r"Wikipedia Title: (.*)", first) == ['"Ann Lee"', '"Bob Ray"']
@@ -109,7 +109,7 @@ def test_ircot_prompt_text_is_flashrags():
 def test_ircot_evidence_cap_and_empty_thought_fallback():
     eng = RoleEngines(lambda role, m: "" if _question(m).startswith("Where") else "Bob Ray was born in Rome.")
     ret = KeywordRetriever(PASSAGES)
-    eps = ircot.run_ircot(ROWS[:2], Team(eng), ret, ircot.IRCoTConfig(top_k=2, max_iterations=2, max_chunks=2))
+    eps = ircot.run_ircot(ROWS[:2], Team(eng), ret, ircot.IRCoTConfig(top_k=2, max_iterations=2, max_chunks=2), system="ircot")
     empty, capped = eps
     assert empty.calls[0].format_error == "empty thought" and empty.meta["stop_reason"] == "empty_thought"
     assert empty.final_answer == "" and empty.cost["retrieval_calls"] == 1  # nothing retrieved with nothing
@@ -149,7 +149,7 @@ def _sure_reply(role, msgs):
 
 def test_sure_picks_the_best_supported_candidate_with_batched_steps():
     eng, ret = RoleEngines(_sure_reply), KeywordRetriever(PASSAGES)
-    eps = sure.run_sure(ROWS, Team(eng), ret, sure.SuReConfig(top_k=2))
+    eps = sure.run_sure(ROWS, Team(eng), ret, sure.SuReConfig(top_k=2), system="sure")
     a, b, c = eps
     # one call per step over every question, candidate and ordered pair: 2 + 3 candidates, 2 + 6 pairs
     assert eng.log == [("candidate_generator", 3), ("summarizer", 5), ("verifier", 5), ("ranker", 8)]
@@ -178,7 +178,7 @@ def test_sure_ranking_tie_goes_to_the_first_candidate_and_only_first_position_co
 
 def test_sure_max_candidates_bounds_the_pairs():
     eng = RoleEngines(_sure_reply)
-    eps = sure.run_sure(ROWS[1:2], Team(eng), KeywordRetriever(PASSAGES), sure.SuReConfig(top_k=2, max_candidates=2))
+    eps = sure.run_sure(ROWS[1:2], Team(eng), KeywordRetriever(PASSAGES), sure.SuReConfig(top_k=2, max_candidates=2), system="sure")
     assert eps[0].meta["candidates"] == ["France", "Italy"] and eng.steps("ranker") == [2]
 
 
@@ -229,12 +229,12 @@ def test_ircot_and_sure_with_smollm2_over_the_shared_corpus(smollm2_dir, shared_
     team = Team(smollm2_engine(str(smollm2_dir)), {"default": small, "verifier": SamplingConfig(max_new_tokens=3),
                                                    "ranker": SamplingConfig(max_new_tokens=4)})
     ret = Bm25Retriever(corpus[:3000])  # the first 3000 passages hold these questions' HotpotQA contexts
-    eps = ircot.run_ircot(rows, team, ret, ircot.IRCoTConfig(top_k=2, max_iterations=2, passage_words=20))
+    eps = ircot.run_ircot(rows, team, ret, ircot.IRCoTConfig(top_k=2, max_iterations=2, passage_words=20), system="ircot")
     for e in eps:
         assert 1 <= e.meta["iterations"] <= 2 and isinstance(e.final_answer, str)
         assert e.calls[0].prompt[1]["content"].startswith("Wikipedia Title: ")
         assert all(c.role == ircot.ROLE and c.completion_tokens > 0 for c in e.calls)
-    eps = sure.run_sure(rows, team, ret, sure.SuReConfig(top_k=2, max_candidates=2, passage_words=20))
+    eps = sure.run_sure(rows, team, ret, sure.SuReConfig(top_k=2, max_candidates=2, passage_words=20), system="sure")
     for e in eps:
         assert e.calls[0].role == "candidate_generator" and isinstance(e.final_answer, str)
         n = len(e.meta["candidates"])

@@ -49,7 +49,7 @@ def test_maps_judge_sufficient_at_round_k_gives_exactly_k_rounds_and_batches_eve
     stop_after = {0: 1, 1: 2, 2: 3, 3: 99}   # question 3 never satisfies the judge -> the round budget (4)
     eng, ret = ScriptedEngine(maps_reply(stop_after)), corpus(4, 5, 2)
     team = Team(eng)
-    eps = run_maps(rows(4), team, ret, MapsConfig(max_rounds=4, top_k=2, judge_initial=False))
+    eps = run_maps(rows(4), team, ret, MapsConfig(max_rounds=4, top_k=2, judge_initial=False), system="maps")
     assert [e.meta["rounds"] for e in eps] == [1, 2, 3, 4]
     assert [e.meta["stop_reason"] for e in eps] == ["judge_sufficient"] * 3 + ["round_budget"]
     # one engine call per step over every episode still at that step, never one prompt at a time
@@ -75,7 +75,7 @@ def test_maps_judge_decides_on_the_initial_retrieval_as_in_the_paper_case_studie
     every round but the last."""
     stop_after = {0: 0, 1: 1, 2: 99}
     eng, ret = ScriptedEngine(maps_reply(stop_after)), corpus(3, 4, 1)
-    eps = run_maps(rows(3), Team(eng), ret, MapsConfig(max_rounds=2, top_k=1))
+    eps = run_maps(rows(3), Team(eng), ret, MapsConfig(max_rounds=2, top_k=1), system="maps")
     assert [e.meta["rounds"] for e in eps] == [0, 1, 2]
     assert [e.meta["stop_reason"] for e in eps] == ["judge_sufficient", "judge_sufficient", "round_budget"]
     assert eng.steps("judge_agent") == [3, 2] and eng.steps("query_agent") == [2, 1]
@@ -83,13 +83,13 @@ def test_maps_judge_decides_on_the_initial_retrieval_as_in_the_paper_case_studie
     assert [c.meta.get("round") for c in eps[1].calls] == [0, 1, 1, None]      # judge, query, judge, answer
     # off: a round always runs before the first verdict
     eng = ScriptedEngine(maps_reply(stop_after))
-    eps = run_maps(rows(3), Team(eng), corpus(3, 4, 1), MapsConfig(max_rounds=2, top_k=1, judge_initial=False))
+    eps = run_maps(rows(3), Team(eng), corpus(3, 4, 1), MapsConfig(max_rounds=2, top_k=1, judge_initial=False), system="maps")
     assert [e.meta["rounds"] for e in eps] == [1, 1, 2] and eng.steps("judge_agent") == [3]
 
 
 def test_maps_caps_evidence_at_20_chunks():
     eng, ret = ScriptedEngine(maps_reply({0: 99, 1: 99})), corpus(2, 6, 8)
-    eps = run_maps(rows(2), Team(eng), ret, MapsConfig(max_rounds=5, top_k=8, max_chunks=20, judge_initial=False))
+    eps = run_maps(rows(2), Team(eng), ret, MapsConfig(max_rounds=5, top_k=8, max_chunks=20, judge_initial=False), system="maps")
     for ep in eps:
         assert [len(ids) for ids in ep.retrieved_ids] == [8, 8, 4]     # 8 + 8 + 4 = 20, then stop
         assert ep.meta["rounds"] == 2 and ep.meta["stop_reason"] == "evidence_cap"
@@ -99,7 +99,7 @@ def test_maps_caps_evidence_at_20_chunks():
 
 def test_maps_fixed_rounds_skips_the_judge():
     eng = ScriptedEngine(maps_reply({0: 1, 1: 1, 2: 1}))
-    eps = run_maps(rows(3), Team(eng), corpus(3, 4, 1), MapsConfig(max_rounds=3, top_k=1, fixed_rounds=3))
+    eps = run_maps(rows(3), Team(eng), corpus(3, 4, 1), MapsConfig(max_rounds=3, top_k=1, fixed_rounds=3), system="maps")
     assert [e.meta["rounds"] for e in eps] == [3, 3, 3] and eng.steps("judge_agent") == []
     assert eng.steps("query_agent") == [3, 3, 3]
 
@@ -108,7 +108,7 @@ def test_maps_format_errors_use_the_documented_fallbacks():
     def reply(role, m):
         return {"query_agent": "The the of and", "judge_agent": "Maybe?", "answer_agent": "\n\n"}[role]
     eng = ScriptedEngine(reply)
-    [ep] = run_maps(rows(1), Team(eng), corpus(1, 3, 1), MapsConfig(max_rounds=2, top_k=1, judge_initial=False))
+    [ep] = run_maps(rows(1), Team(eng), corpus(1, 3, 1), MapsConfig(max_rounds=2, top_k=1, judge_initial=False), system="maps")
     q, j, a = (next(c for c in ep.calls if c.role == r) for r in ("query_agent", "judge_agent", "answer_agent"))
     assert q.format_error and q.parsed is None and q.meta["fallback"] == maps.keywords(ep.question) == "q0r0"
     assert q.meta["duplicate_query"] is True       # the fallback repeats query 1: no new chunks
@@ -138,7 +138,7 @@ def test_a_lead_in_is_continued_until_it_answers_or_its_budget_is_spent():
 
     eng = ScriptedEngine(reply)
     team = Team(eng, {"answer_agent": SamplingConfig(max_new_tokens=24)})
-    eps = run_maps(rows(4), team, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+    eps = run_maps(rows(4), team, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1), system="maps")
     assert [e.final_answer for e in eps] == ["ans0", "ans1", "ans2", ""]
     answers = [e.calls[-1] for e in eps]
     assert [c.meta.get("lead_in") for c in answers[:3]] == [None, "Answer:", "The answer is:\n"]
@@ -185,7 +185,7 @@ def test_an_output_that_still_gives_no_answer_is_replaced_by_the_first_fresh_sam
     fb = AnswerFallback(samples=4, temperature=0.8, top_p=0.9, seed=5)
     eng = DrawingEngine(reply, per_question(draws))
     team = Team(eng, {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=fb)
-    eps = run_maps(rows(4), team, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+    eps = run_maps(rows(4), team, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1), system="maps")
     assert [e.final_answer for e in eps] == ["ans0", "drawn1", "drawn2", ""]
     answers = [e.calls[-1] for e in eps]
     assert "resampled" not in answers[0].meta and answers[0].completion_tokens == 2
@@ -205,19 +205,19 @@ def test_an_output_that_still_gives_no_answer_is_replaced_by_the_first_fresh_sam
     for other in (Team(DrawingEngine(reply, per_question(draws)), {"answer_agent": SamplingConfig(max_new_tokens=8)},
                        fallback=fb, keep_token_ids=True),
                   Team(DrawingEngine(reply, per_question(draws)), {"answer_agent": SamplingConfig(max_new_tokens=8)})):
-        eps2 = run_maps(rows(4), other, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+        eps2 = run_maps(rows(4), other, corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1), system="maps")
         assert [e.final_answer for e in eps2] == ["ans0", "", "", ""]
         assert all(sp.n == 1 for sp in other.engine("answer_agent").samplings)
         assert not any("resampled" in c.meta for e in eps2 for c in e.calls)
     again = DrawingEngine(reply, per_question(draws))
     run_maps(rows(4), Team(again, {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=fb),
-             corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+             corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1), system="maps")
     assert [x.seed for x in again.samplings if x.n > 1] == [s.seed]
     # samples 0: off
     off = DrawingEngine(reply, per_question(draws))
     eps3 = run_maps(rows(4), Team(off, {"answer_agent": SamplingConfig(max_new_tokens=8)},
                                   fallback=AnswerFallback(samples=0)),
-                    corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1))
+                    corpus(4, 2, 1), MapsConfig(max_rounds=1, top_k=1), system="maps")
     assert [e.final_answer for e in eps3] == ["ans0", "", "", ""] and all(x.n == 1 for x in off.samplings)
 
 
@@ -232,7 +232,7 @@ def test_the_evaluation_counts_a_resampled_answer_as_a_format_error_and_reports_
 
     team = Team(DrawingEngine(reply, lambda m: {1: ["ans1", "x"], 2: ["Answer:", ""]}[qidx(m)]),
                 {"answer_agent": SamplingConfig(max_new_tokens=8)}, fallback=AnswerFallback(samples=2))
-    eps = run_maps(rows(3), team, corpus(3, 2, 1), MapsConfig(max_rounds=1, top_k=1, judge_initial=False))
+    eps = run_maps(rows(3), team, corpus(3, 2, 1), MapsConfig(max_rounds=1, top_k=1, judge_initial=False), system="maps")
     assert [e.final_answer for e in eps] == ["ans0", "ans1", ""]
     assert [silence(e) for e in eps] == [{"no_answer": 0.0, "format_error_questions": 0.0},
                                          {"no_answer": 0.0, "format_error_questions": 1.0},
@@ -256,7 +256,7 @@ def test_the_engine_pool_gives_its_teams_the_answer_fallback_seeded_by_llm_seed(
 
 def test_episode_records_cost_and_round_trip(tmp_path):
     eps = run_maps(rows(2), Team(ScriptedEngine(maps_reply({0: 1, 1: 2}))), corpus(2, 3, 2),
-                   MapsConfig(max_rounds=3, top_k=2, judge_initial=False))
+                   MapsConfig(max_rounds=3, top_k=2, judge_initial=False), system="maps")
     ep = eps[1]
     assert ep.cost["llm_calls"] == len(ep.calls) == 5                     # q, j, q, j, answer
     assert ep.cost["prompt_tokens"] == sum(c.prompt_tokens for c in ep.calls) > 0
@@ -275,7 +275,7 @@ def test_episode_records_cost_and_round_trip(tmp_path):
         [[c.model_dump(exclude={"episode_id"}) for c in e.calls] for e in eps]
     # a second run (new random ids, other wall times) writes the same bytes; a repeated question gets #2
     again = run_maps(rows(2), Team(ScriptedEngine(maps_reply({0: 1, 1: 2}))), corpus(2, 3, 2),
-                     MapsConfig(max_rounds=3, top_k=2, judge_initial=False))
+                     MapsConfig(max_rounds=3, top_k=2, judge_initial=False), system="maps")
     again[0].cost["seconds"] += 1.0
     assert again[0].episode_id != eps[0].episode_id
     write_episodes(tmp_path / "again.jsonl", again)
@@ -304,7 +304,7 @@ def test_debate_rounds_winners_snapshots_and_batching():
             return f"ans{i}"
         raise AssertionError(role)
     eng, ret = ScriptedEngine(reply), corpus(4, 4, 1)
-    eps = run_debate(rows(4), Team(eng), ret, DebateConfig(max_rounds=3, top_k=1))
+    eps = run_debate(rows(4), Team(eng), ret, DebateConfig(max_rounds=3, top_k=1), system="drag")
     assert [e.meta["stop_reason"] for e in eps] == ["opponent_conceded", "proponent_won", "opponent_conceded",
                                                     "round_budget"]
     assert [e.meta["snapshots"] for e in eps] == [[1, 2], [1], [1], [1, 2, 3, 4]]
@@ -321,7 +321,7 @@ def test_debate_rounds_winners_snapshots_and_batching():
 
 def test_debate_without_answer_step_is_pure_synthesis():
     eng = ScriptedEngine(lambda role, m: {"proponent": "ok", "opponent": "Concede"}[role])
-    eps = run_debate(rows(2), Team(eng), corpus(2, 1, 1), DebateConfig(max_rounds=3, top_k=1), answer=False)
+    eps = run_debate(rows(2), Team(eng), corpus(2, 1, 1), DebateConfig(max_rounds=3, top_k=1), answer=False, system="drag")
     assert eng.steps("answer_agent") == [] and all(e.final_answer is None for e in eps)
     assert [len(debate_snapshots(e)) for e in eps] == [1, 1]
 
@@ -338,18 +338,18 @@ def test_native_standard_rag_and_iter_retgen():
         gen_round[i] = gen_round.get(i, 0) + 1
         return f"guess q{i}r{gen_round[i]}"
     eng, ret = ScriptedEngine(reply), corpus(2, 3, 2)
-    native = run_native(rows(2), Team(eng))
+    native = run_native(rows(2), Team(eng), system="native")
     assert eng.steps("generator") == [2] and ret.log == [] and native[0].cost["retrieval_calls"] == 0
     assert "Answer the question based on your own knowledge" in native[0].calls[0].prompt[0]["content"]
 
     eng, ret, gen_round = ScriptedEngine(reply), corpus(2, 3, 2), {}
-    rag = run_standard_rag(rows(2), Team(eng), ret, BaselineConfig(top_k=2))
+    rag = run_standard_rag(rows(2), Team(eng), ret, BaselineConfig(top_k=2), system="standard_rag")
     assert ret.log == [[r["question"] for r in rows(2)]] and eng.steps("generator") == [2]
     assert 'Doc 1(Title: "Q0R0D0") passage about q0r0 number 0' in rag[0].calls[0].prompt[0]["content"]
     assert rag[0].retrieved_ids == [["0", "1"]]
 
     eng, ret, gen_round = ScriptedEngine(reply), corpus(2, 3, 1), {}
-    it = run_iter_retgen(rows(2), Team(eng), ret, BaselineConfig(top_k=2, iterations=3))
+    it = run_iter_retgen(rows(2), Team(eng), ret, BaselineConfig(top_k=2, iterations=3), system="iter_retgen")
     assert eng.steps("generator") == [2, 2, 2]
     # FlashRAG: iteration t > 0 retrieves with "question + previous generation"
     assert ret.log[1] == [f"{r['question']} guess q{i}r1" for i, r in enumerate(rows(2))]
@@ -365,8 +365,8 @@ def test_empty_retrieval_results_do_not_break_workflows(workflow):
                                           "opponent": "Query Expansion: [zzz]", "moderator": "Opponent"}[role])
     ret = KeywordRetriever([("T", "unrelated text")])
     if workflow == "maps":
-        eps = run_maps(rows(2), Team(eng), ret, MapsConfig(max_rounds=2, top_k=3))
+        eps = run_maps(rows(2), Team(eng), ret, MapsConfig(max_rounds=2, top_k=3), system="maps")
     else:
-        eps = run_debate(rows(2), Team(eng), ret, DebateConfig(max_rounds=2, top_k=3))
+        eps = run_debate(rows(2), Team(eng), ret, DebateConfig(max_rounds=2, top_k=3), system="drag")
     assert all(e.final_answer == "x" and all(ids == [] for ids in e.retrieved_ids) for e in eps)
     assert "(no new documents)" in eps[0].calls[-1].prompt[0]["content"]

@@ -34,8 +34,8 @@ FRANCE = KeywordRetriever([("Francia", "Paris is the capital of Francia"), ("Rom
 
 def set_team_rewards(episodes, workflow, *, hit_weight=0.5, passage_words=None, mask_penalty=1.0):
     """Evaluate's call for a row of kind `workflow`, with the params its systems' team rewards read."""
-    cfgs = WorkflowConfigs(qagent_hit_weight=hit_weight, qagent=QAgentConfig(passage_words=passage_words),
-                           mask=MaskConfig(format_penalty=mask_penalty))
+    cfgs = WorkflowConfigs(joint={"qagent": {"hit_weight": hit_weight}},
+                           qagent=QAgentConfig(passage_words=passage_words), mask=MaskConfig(format_penalty=mask_penalty))
     set_rewards(episodes, workflow, team_reward(workflow), cfgs)
 
 
@@ -236,8 +236,13 @@ def test_evaluate_reports_the_team_reward_per_row_and_its_paired_difference(tmp_
 
 
 def test_the_stage_reads_qagents_hit_weight_from_its_training_params():
+    from ragteam.config import ParamsError
+    from ragteam.systems.qagent import hit_weight
+
     cfgs = WorkflowConfigs.from_params({"joint": {"qagent": {"hit_weight": 0.25}}})
-    assert cfgs.qagent_hit_weight == 0.25 and WorkflowConfigs.from_params({}).qagent_hit_weight == 0.5
+    assert hit_weight(cfgs) == 0.25 and hit_weight(WorkflowConfigs.from_params({})) == 0.5
+    with pytest.raises((ParamsError, ValueError), match="hit_weight"):
+        hit_weight(WorkflowConfigs.from_params({"joint": {"qagent": {"hit_weight": -1}}}))
 
 
 def test_an_mask_evaluation_row_gets_its_team_reward_only_where_it_answers_every_turn():

@@ -17,29 +17,14 @@ IN_TEXT = re.compile(rf"(?i)\b(joint|warmup\.systems)\.(maps|mask|jade|decor|qag
 
 # file -> string constants naming a system it still holds (to remove when the systems become modules)
 KNOWN = {
-    "ragteam/agents/baselines.py": 3,
-    "ragteam/agents/debate.py": 1,
     "ragteam/agents/decor.py": 5,
     "ragteam/agents/decor_workflow.py": 2,
-    "ragteam/agents/ircot.py": 1,
     "ragteam/agents/jade.py": 7,
     "ragteam/agents/jade_workflow.py": 1,
-    "ragteam/agents/maps_workflow.py": 1,
     "ragteam/agents/mask.py": 5,
     "ragteam/agents/mask_workflow.py": 1,
     "ragteam/agents/qagent.py": 1,
     "ragteam/agents/qagent_workflow.py": 2,
-    "ragteam/agents/sure.py": 1,
-    "ragteam/cli.py": 2,
-    "ragteam/eval/evaluate.py": 14,
-    "ragteam/params_check.py": 1,
-    "ragteam/profiles.py": 8,
-    "ragteam/train/openrlhf.py": 3,
-    "stages/evaluate.py": 8,
-    "stages/evaluate_agents.py": 1,
-    "stages/label_judge.py": 1,
-    "stages/train_answer.py": 1,
-    "stages/train_query.py": 1,
 }
 
 

@@ -153,7 +153,7 @@ def test_prompt_dataset_rows_hold_messages_and_json_golden_answers(tmp_path):
     assert [r["id"] for r in rows] == ["q1", "q2"]
     assert rows[0]["input"] == SAMPLES[0]["prompt"]
     assert isinstance(rows[0]["label"], str) and json.loads(rows[0]["label"]) == ["Paris", "Paris, France"]
-    assert rows[1]["datasource"] == "maps_answer_stage2"
+    assert rows[1]["datasource"] == "answer_agent_stage2"
     # a few steps over many prompts: one episode, only the prompts needed
     small = PAPER.model_copy(update={"steps": 1, "prompts_per_step": 1})
     job = prepare_answer_grpo_job(SAMPLES, tmp_path / "k", model_path="/m", output_dir="/o", params=small,
@@ -378,5 +378,5 @@ def test_query_job_command_has_the_paper_query_grpo_values(tmp_path):
     assert _value(cmd, "--ckpt.output_dir") == "/models/query_agent"
     assert shlex.split((job_dir / "command.sh").read_text().splitlines()[1]) == cmd
     row = load_jsonl(job.dataset)[0]
-    assert row["datasource"] == "maps_query" and row["input"][0]["role"] == "system"
+    assert row["datasource"] == "query_agent" and row["input"][0]["role"] == "system"
     assert set(json.loads(row["label"])) == {"golden_answers", "question", "pool"}

@@ -64,14 +64,14 @@ def _finish(eps: list[Episode], calls) -> list[Episode]:
     return eps
 
 
-def run_native(rows: Sequence[dict], team: Team, system: str = "native") -> list[Episode]:
+def run_native(rows: Sequence[dict], team: Team, *, system: str) -> list[Episode]:
     eps = [new_episode(r, system) for r in rows]
     return _finish(eps, llm_step(team, ROLE, eps, [native_messages(e.question) for e in eps], parse_answer,
                                  continue_if=is_stub))
 
 
 def run_standard_rag(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: BaselineConfig,
-                     system: str = "standard_rag") -> list[Episode]:
+                     *, system: str) -> list[Episode]:
     eps = [new_episode(r, system) for r in rows]
     hits = retrieve_step(retriever, eps, [e.question for e in eps], cfg.top_k)
     for ep, h in zip(eps, hits):
@@ -83,7 +83,7 @@ def run_standard_rag(rows: Sequence[dict], team: Team, retriever: Retriever, cfg
 
 
 def run_iter_retgen(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: BaselineConfig,
-                    system: str = "iter_retgen") -> list[Episode]:
+                    *, system: str) -> list[Episode]:
     eps = [new_episode(r, system) for r in rows]
     prev: list[str] = []
     calls = []

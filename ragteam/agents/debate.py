@@ -34,7 +34,7 @@ class DebateConfig(Strict):
 
 
 def run_debate(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: DebateConfig, *, answer: bool = True,
-               system: str = "drag") -> list[Episode]:
+               system: str) -> list[Episode]:
     eps = [new_episode(r, system) for r in rows]
     pools = [QueryPool() for _ in eps]
     render = lambda i: pools[i].render(cfg.passage_words)  # noqa: E731

@@ -129,7 +129,7 @@ def _merge(ep: Episode, pool: QueryPool, best: dict[str, float], query: str, hit
 
 
 def run_ircot(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: IRCoTConfig,
-              system: str = "ircot") -> list[Episode]:
+              *, system: str) -> list[Episode]:
     """Answer every row with interleaved retrieval and chain-of-thought; one Episode each."""
     eps = [new_episode(r, system) for r in rows]
     pools = [QueryPool() for _ in eps]

@@ -46,7 +46,7 @@ def _same_query(q: str, pool: list[str]) -> bool:
 
 
 def run_maps(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: MapsConfig,
-             system: str = "maps") -> list[Episode]:
+             *, system: str) -> list[Episode]:
     """Answer every row ({"id","question","golden_answers"}) with the three MAPS agents; one Episode each."""
     eps = [new_episode(r, system) for r in rows]
     pools = [QueryPool() for _ in eps]

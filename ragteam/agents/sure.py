@@ -146,7 +146,7 @@ def pick(valid: Sequence[float], pair_scores: dict[tuple[int, int], float]) -> t
 
 
 def run_sure(rows: Sequence[dict], team: Team, retriever: Retriever, cfg: SuReConfig,
-             system: str = "sure") -> list[Episode]:
+             *, system: str) -> list[Episode]:
     """Answer every row by summarising the passages for each answer candidate and picking the best-supported one."""
     eps = [new_episode(r, system) for r in rows]
     hits = retrieve_step(retriever, eps, [e.question for e in eps], cfg.top_k)

@@ -2,7 +2,8 @@
 
 Scores are FlashRAG's (`ragteam.metrics`): EM, F1 and accuracy (gold contained in the prediction), each the
 max over the golden answers; summaries report them in percent, like MAPS Table 1. DECOR systems (and every system
-with `eval.lj: all`) also get LJ, DECOR's judged answer equivalence, from the judge of `decor.judge`. Cost is per
+with `eval.lj: all`) also get LJ, DECOR's judged answer equivalence, from the judge of `decor.judge` (the registry's
+one LJ judge, `ragteam.systems.lj_judge`). Cost is per
 question: LLM calls, prompt and completion tokens, retrieval calls and wall seconds (see `ragteam.agents.core`); the
 judge's calls are not part of a system's cost.
 
@@ -17,18 +18,13 @@ parseable).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, create_model, field_validator, model_validator
 
 from ragteam.agents.baselines import BaselineConfig
-from ragteam.agents.decor_workflow import DecorConfig
-from ragteam.agents.jade_workflow import JadeConfig
-from ragteam.agents.mask_workflow import MaskConfig
-from ragteam.agents.maps_workflow import MapsConfig
-from ragteam.agents.qagent_workflow import QAgentConfig
 from ragteam.config import ParamsError, Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
@@ -36,14 +32,19 @@ from ragteam.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems import REGISTRY, row_kinds as system_row_kinds, team_reward
+from ragteam.systems import agent_roles, config_sections, lj_judge, row_kinds as system_row_kinds, team_reward
 from ragteam.systems.spec import RowKind
-from ragteam.rewards.decor import Judge, make_judge, score_lj
 from ragteam.rewards.team import set_team_rewards
 
-# roles with trained checkpoints (eval.agents)
-AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent", "decor_planner", "decor_filter",
-                    "decor_answerer"]
+
+def _agent_role(role: str) -> str:
+    if role not in agent_roles():
+        raise ValueError(f"{role!r} is not a role with trained checkpoints (known: {', '.join(agent_roles())})")
+    return role
+
+
+# a role with trained checkpoints (eval.agents): one of the registered systems' `agent_roles`
+AgentRole = Annotated[str, AfterValidator(_agent_role)]
 
 
 def row_kinds() -> dict[str, RowKind]:
@@ -122,7 +123,9 @@ class EvalConfig(Strict):
     # [a, b] pairs: paired bootstrap of a - b per benchmark and on the average; None: `comparison_pairs` derives them
     compare: list[tuple[str, str]] | None = None
     bootstrap: BootstrapConfig = BootstrapConfig()
-    lj: Literal["decor", "all"] = "decor"           # which systems get the LJ score (judge: decor.judge)
+    # which rows get the LJ score: the rows that judge themselves (`RowKind.judged`: DECOR's), or all (the
+    # registry's LJ judge, decor.judge, scores the others)
+    lj: Literal["judged", "all"] = "judged"
 
     @model_validator(mode="after")
     def _compare_names_systems(self):
@@ -211,21 +214,16 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
     return engines.team({**(frozen_roles or {}), **models}, base_model, sampling)
 
 
-class WorkflowConfigs(Strict):
-    """The params sections the workflows read (`maps`, `eval.baselines`, `jade`, `qagent`, ...), one object so that
-    a new system adds a field here and its row kinds (`System.rows`), not a parameter to every caller."""
+class _WorkflowConfigs(Strict):
+    """The params sections the workflows read, one object: `eval.baselines`, every registered system's own section
+    (one field each, `WorkflowConfigs` below builds them from the registry), and the `joint` section as written."""
 
-    maps: MapsConfig = MapsConfig()
     baselines: BaselineConfig = BaselineConfig()
-    mask: MaskConfig = MaskConfig()
-    jade: JadeConfig = JadeConfig()
-    decor: DecorConfig = DecorConfig()
-    qagent: QAgentConfig = QAgentConfig()
-    # QAgent's stage-2 reward weight (Eq. 10; params.yaml joint.qagent.hit_weight, a training param): the team
-    # reward of its plug-in rows
-    qagent_hit_weight: float = Field(0.5, ge=0)
-    # section -> its parsed params, for the registered systems whose section has no field above (a study's or a
-    # test's own system, `System.section` / `System.config`): what their rows' `run` reads
+    # params.yaml's `joint` section as written: the training params a row's team reward reads (QAgent's plug-in
+    # rows: joint.qagent.hit_weight, Eq. 10), validated by the system that reads it
+    joint: dict[str, Any] = Field(default_factory=dict)
+    # section -> its parsed params, for the systems registered after this model was built (a study's or a test's own
+    # system, `System.section` / `System.config`): what their rows' `run` reads
     sections: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
@@ -233,16 +231,22 @@ class WorkflowConfigs(Strict):
         """Every workflow section present in params.yaml, validated (a bad key names its section)."""
         from ragteam.config import parse_section
 
-        fields = {name: parse_section(params, name, cls.model_fields[name].annotation)
-                  for name in cls.model_fields if name not in ("baselines", "qagent_hit_weight", "sections") and name in params}
-        own = {s.section: parse_section(params, s.section, s.config) for s in REGISTRY.values()
-               if s.section and s.config is not None and s.section not in cls.model_fields and s.section in params}
+        fields: dict[str, Any] = {name: parse_section(params, name, cls.model_fields[name].annotation)
+                                  for name in cls.model_fields if name not in _OWN and name in params}
+        own = {section: parse_section(params, section, config) for section, config in config_sections().items()
+               if section not in cls.model_fields and section in params}
         if own:
             fields["sections"] = own
-        hit_weight = ((params.get("joint") or {}).get("qagent") or {}).get("hit_weight")
-        if hit_weight is not None:
-            fields["qagent_hit_weight"] = hit_weight
+        if params.get("joint"):
+            fields["joint"] = dict(params["joint"])
         return cls(**fields, **({"baselines": baselines} if baselines is not None else {}))
+
+
+_OWN = ("baselines", "joint", "sections")
+# one field per registered system's params section (`maps`, `mask`, `jade`, `decor`, `qagent`...), its defaults
+# where params.yaml has none: a new system adds its section to its own `System`, not a field here
+WorkflowConfigs = create_model("WorkflowConfigs", __base__=_WorkflowConfigs, __module__=__name__,
+                               **{section: (config, config()) for section, config in config_sections().items()})
 
 
 def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Retriever | None,
@@ -252,14 +256,14 @@ def run_system(spec: SystemSpec, rows: Sequence[dict], team: Team, retriever: Re
     JADE episodes with golden answers also get their rewards (Eq. 6-8, `jade.reward`), so R_global is reported, and
     DECOR's their Eq. 2-3 rewards (`decor.reward`, judge `decor.judge`); every JADE, DECOR and QAgent episode with
     golds gets its system's training reward as `metrics["team_reward"]` (`ragteam.rewards.team`), and so does every
-    M-ASK episode of a row that answers after every turn (`SystemSpec.answer_every_turn`). LJ is scored for DECOR systems and, with `lj`, for any system (judge: `cfgs.decor.judge` on
+    M-ASK episode of a row that answers after every turn (`SystemSpec.answer_every_turn`). LJ is scored for DECOR
+    systems and, with `lj`, for any system (judge: the registry's LJ judge, `cfgs.decor.judge`, on
     `team`; for DECOR from the same verdicts as its rewards)."""
     kind = row_kind(spec.workflow)
     if kind.retrieves and retriever is None:
         raise ValueError(f"system {name!r} ({spec.workflow}) needs a retriever")
     eps = kind.run(rows, team, retriever, cfgs, spec, name)
-    judge = make_judge(cfgs.decor, team) if lj and not kind.judged else None
-    eps = score_episodes(eps, judge)
+    eps = score_episodes(eps, lj_judge(cfgs, team) if lj and not kind.judged else None)
     if kind.post_score is not None:
         kind.post_score([ep for ep in eps if ep.golden_answers], team, cfgs)
     if has_team_reward(spec, cfgs):
@@ -309,16 +313,17 @@ def no_answer_reason(ep: Episode) -> str | None:
     return f"{ep.calls[-1].role}: an empty answer" if ep.calls else "no call was made"
 
 
-def score_episodes(episodes: Iterable[Episode], judge: Judge | None = None) -> list[Episode]:
-    """EM / F1 / Acc and the silence flags of every episode with golds; with a judge also LJ (one batched judge
-    call)."""
+def score_episodes(episodes: Iterable[Episode], judge: Callable[[list[Episode]], None] | None = None
+                   ) -> list[Episode]:
+    """EM / F1 / Acc and the silence flags of every episode with golds; with a judge (`System.judge`: it sets
+    `metrics["lj"]` on the episodes with golds) also LJ (one batched judge call)."""
     out = []
     for ep in episodes:
         if ep.golden_answers:  # questions without golds (e.g. `ragteam ask`) are not scored
             ep.metrics = {**answer_metrics(ep.final_answer or "", ep.golden_answers), **silence(ep)}
         out.append(ep)
     if judge is not None:
-        score_lj(out, judge)
+        judge(out)
     return out
 
 
@@ -409,27 +414,31 @@ def comparison_pairs(systems: Mapping[str, SystemSpec], compare: Sequence[Sequen
                      ) -> list[tuple[str, str]]:
     """[a, b] pairs whose difference a - b the report tests; `compare` (eval.compare) wins when given.
 
-    Derived rule, each pair oriented as (more trained, less trained): standard_rag vs native when both are rows (does
-    retrieval help at all); X_trained vs X for every system name that has both, likewise X_warmup vs X and X_trained
-    vs X_warmup (what RL adds to the format warm-up of a joint system), X_grammar vs X (what the base model loses to
-    formatting alone: its roles decoded under their formats' regexes); every full trained MAPS system (trained_agents, no base_roles, no fixed_rounds) vs every untrained one
-    (no trained_agents, no fixed_rounds); the full trained MAPS system vs each ablation (trained_agents with
-    base_roles, same fixed_rounds), so a positive difference is what the ablated trained agent adds.
+    Derived rule, each pair oriented as (more trained, less trained): a row named as its kind vs the row its kind is
+    compared with (`RowKind.compared_with`: standard_rag vs native, does retrieval help at all) when both are rows;
+    X_trained vs X for every system name that has both, likewise X_warmup vs X and X_trained vs X_warmup (what RL adds
+    to the format warm-up of a joint system), X_grammar vs X (what the base model loses to formatting alone: its roles
+    decoded under their formats' regexes); for a row kind with ablations (`RowKind.ablations`: MAPS), every full
+    trained row (trained_agents, no base_roles, no fixed_rounds) vs every untrained one (no trained_agents, no
+    fixed_rounds) and vs each ablation (trained_agents with base_roles, same fixed_rounds), so a positive difference
+    is what the ablated trained agent adds.
     """
     if compare is not None:
         return [(a, b) for a, b in compare]
-    pairs = [("standard_rag", "native")] if {"standard_rag", "native"} <= set(systems) else []
+    pairs = [(n, c) for n, s in systems.items()
+             if n == s.workflow and (c := row_kind(s.workflow).compared_with) is not None and c in systems]
     pairs += [(f"{x}_trained", x) for x in systems if f"{x}_trained" in systems]
     pairs += [(f"{x}_warmup", x) for x in systems if f"{x}_warmup" in systems]
     pairs += [(f"{x}_trained", f"{x}_warmup") for x in systems if {f"{x}_trained", f"{x}_warmup"} <= set(systems)]
     # what the base model loses to formatting alone: its roles constrained to their formats vs unconstrained
     pairs += [(f"{x}_grammar", x) for x in systems if f"{x}_grammar" in systems]
-    maps_ = {n: s for n, s in systems.items() if s.workflow == "maps"}
-    full = [n for n, s in maps_.items() if s.trained_agents and not s.base_roles and s.fixed_rounds is None]
-    untrained = [n for n, s in maps_.items() if not s.trained_agents and s.fixed_rounds is None]
-    for f in full:
-        pairs += [(f, u) for u in untrained]
-        pairs += [(f, n) for n, s in maps_.items() if s.trained_agents and s.base_roles and s.fixed_rounds is None]
+    for kind in dict.fromkeys(s.workflow for s in systems.values() if row_kind(s.workflow).ablations):
+        mine = {n: s for n, s in systems.items() if s.workflow == kind}
+        full = [n for n, s in mine.items() if s.trained_agents and not s.base_roles and s.fixed_rounds is None]
+        untrained = [n for n, s in mine.items() if not s.trained_agents and s.fixed_rounds is None]
+        for f in full:
+            pairs += [(f, u) for u in untrained]
+            pairs += [(f, n) for n, s in mine.items() if s.trained_agents and s.base_roles and s.fixed_rounds is None]
     return list(dict.fromkeys(pairs))
 
 

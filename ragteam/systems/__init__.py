@@ -88,5 +88,44 @@ def row_kinds() -> dict[str, RowKind]:
     return {k: r for s in REGISTRY.values() for k, r in s.rows.items()}
 
 
-__all__ = ["REGISTRY", "System", "build_joint", "grammar_sampling", "grammars", "joint_names", "joint_system",
-           "oracle_names", "oracle_system", "register", "row_kinds", "team_reward"]
+def agent_roles() -> list[str]:
+    """The roles whose trained checkpoints `eval.agents` may name, in registry order (`System.agent_roles`)."""
+    return list(dict.fromkeys(r for s in REGISTRY.values() for r in s.agent_roles))
+
+
+def config_sections() -> dict[str, type]:
+    """params section -> the model it parses into, for every registered system with one (`System.section`)."""
+    return {s.section: s.config for s in REGISTRY.values() if s.section and s.config is not None}
+
+
+def frozen_role_models(cfgs: Any) -> dict[str, str]:
+    """Helper role -> its own checkpoint, whatever the row, from every system that pins some
+    (`System.frozen_role_models`; `cfgs`: ragteam.eval.evaluate.WorkflowConfigs)."""
+    out: dict[str, str] = {}
+    for s in REGISTRY.values():
+        if s.frozen_role_models is not None:
+            out.update(s.frozen_role_models(cfgs))
+    return out
+
+
+def lj_judge(cfgs: Any, team: Any) -> Any:
+    """The LJ judge for rows that do not judge themselves (`eval.lj: all`): the one system that provides one
+    (`System.judge`)."""
+    judges = [s for s in REGISTRY.values() if s.judge is not None]
+    if len(judges) != 1:
+        raise ValueError(f"eval.lj: all needs exactly one registered system with an LJ judge, found "
+                         f"{[s.name for s in judges]}")
+    return judges[0].judge(cfgs, team)
+
+
+def report_context(cfgs: Any, base_model: str, used: set[str], lj_all: bool) -> dict[str, str]:
+    """The report's context lines for the systems' settings, in registry order (`System.report_context`)."""
+    out: dict[str, str] = {}
+    for s in REGISTRY.values():
+        if s.report_context is not None:
+            out.update(s.report_context(cfgs, base_model, used, lj_all))
+    return out
+
+
+__all__ = ["REGISTRY", "System", "agent_roles", "build_joint", "config_sections", "frozen_role_models",
+           "grammar_sampling", "grammars", "joint_names", "joint_system", "lj_judge", "oracle_names", "oracle_system", "register", "report_context", "row_kinds", "team_reward"]

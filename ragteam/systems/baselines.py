@@ -14,7 +14,7 @@ FAMILY = "Baselines"   # one figure panel for all of them
 ROWS: dict[str, RowKind] = {
     "native": RowKind(roles=(GENERATOR,), family=FAMILY, retrieves=False,
                       run=lambda rows, team, retriever, cfgs, spec, name: run_native(rows, team, system=name)),
-    "standard_rag": RowKind(roles=(GENERATOR,), family=FAMILY,
+    "standard_rag": RowKind(roles=(GENERATOR,), family=FAMILY, compared_with="native",   # does retrieval help at all
                             run=lambda rows, team, retriever, cfgs, spec, name: run_standard_rag(
                                 rows, team, retriever, cfgs.baselines, system=name)),
     "iter_retgen": RowKind(roles=(GENERATOR,), family=FAMILY,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from ragteam.agents import decor as D
@@ -18,7 +19,7 @@ from ragteam.llm import Messages, Team
 from ragteam.metrics import exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.decor import RuleJudge, decor_rewards, make_judge
+from ragteam.rewards.decor import RuleJudge, decor_rewards, make_judge, score_lj
 from ragteam.rewards.team import TeamReward
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.params import JointSystemParams
@@ -222,6 +223,21 @@ ROWS = {"decor": RowKind(roles=(*D.POLICY_ROLES, D.SUMMARIZER), family="DECOR", 
                                                                                        cfgs.decor, system=name))}
 
 
+
+
+def report_context(cfgs, base_model: str, used: set[str], lj_all: bool) -> dict[str, str]:
+    """The report's DECOR and LJ-judge lines, where a row is DECOR's or every row gets LJ."""
+    if not (used & set(ROWS) or lj_all):
+        return {}
+    d = cfgs.decor
+    return {"DECOR": f"t_max {d.t_max}, top_k {d.top_k}, l_max {d.l_max}, passage_words {d.passage_words}",
+            "LJ judge": (f"llm ({d.judge_model or base_model}, Appendix B.1)" if d.judge == "llm"
+                         else "rules (a gold answer contained in the prediction, whole words)")}
+
+
 SYSTEM = System(name="decor", section="decor", config=DecorConfig, train_params=JointSystemParams,
                 joint=decor_system, reward_text=REWARD_TEXT, oracle=decor_oracle, grammars=GRAMMARS,
-                team_rewards=TEAM_REWARDS, rows=ROWS)
+                team_rewards=TEAM_REWARDS, rows=ROWS, agent_roles=D.POLICY_ROLES,
+                frozen_role_models=lambda cfgs: cfgs.decor.frozen_roles(),
+                judge=lambda cfgs, team: partial(score_lj, judge=make_judge(cfgs.decor, team)),
+                report_context=report_context)

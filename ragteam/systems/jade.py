@@ -311,6 +311,19 @@ ROWS = {"jade": RowKind(roles=J.ROLES, family="JADE", post_score=score_rows,
                                                                                      system=name))}
 
 
+
+
+def report_context(cfgs, base_model: str, used: set[str], lj_all: bool) -> dict[str, str]:
+    """The report's JADE line, where a row is JADE's."""
+    if not used & set(ROWS):
+        return {}
+    cfg = cfgs.jade
+    r = cfg.reward
+    return {"JADE": f"max_rounds {cfg.max_rounds}, top_k {cfg.top_k}, passage_words {cfg.passage_words}, "
+                    f"serial_rewrite {cfg.serial_rewrite}; reward α {r.alpha}, β {r.beta}, cost max {r.cost_max}, "
+                    f"format penalty {r.format_penalty}"}
+
+
 SYSTEM = System(name="jade", section="jade", config=JadeConfig, train_params=JadeTrainParams, joint=jade_system,
                 reward_text=REWARD_TEXT, oracle=jade_oracle, grammars=GRAMMARS,
-                team_rewards=TEAM_REWARDS, rows=ROWS)
+                team_rewards=TEAM_REWARDS, rows=ROWS, report_context=report_context)

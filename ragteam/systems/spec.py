@@ -34,7 +34,9 @@ class RowKind:
     `has_team_reward(spec, cfgs)`: whether the row's episodes get the system's team reward (None: whenever the
     system has one for the kind, `System.team_rewards`). `family`: its figure panel (the paper it comes from).
     `settings`: the `SystemSpec` row settings only this kind accepts. `check(name, spec, agents)`: a params error
-    message for a row that cannot run (None: fine)."""
+    message for a row that cannot run (None: fine). `compared_with`: the row kind that a row of this kind, named as
+    the kind, is compared against when both are rows (the report's derived pairs, `comparison_pairs`); `ablations`:
+    rows of this kind get the full-trained vs untrained vs ablated-agent pairs (MAPS's Table 2)."""
 
     roles: tuple[str, ...]
     run: Callable[..., list[Episode]]
@@ -46,6 +48,8 @@ class RowKind:
     has_team_reward: Callable[[Any, Any], bool] | None = None
     settings: tuple[str, ...] = ()
     check: Callable[[str, Any, Any], str | None] | None = None
+    compared_with: str | None = None
+    ablations: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,15 @@ class System:
     team_rewards: dict[str, TeamReward] = field(default_factory=dict)
     # evaluation row kind (`SystemSpec.workflow`) -> how evaluate runs and scores such a row; empty: no rows
     rows: dict[str, RowKind] = field(default_factory=dict)
+    # roles whose trained checkpoints `eval.agents` may name (by role)
+    agent_roles: tuple[str, ...] = ()
+    # (WorkflowConfigs) -> helper role -> its own checkpoint, whatever the row (DECOR's frozen summarizer and judge)
+    frozen_role_models: Callable[[Any], dict[str, str]] | None = None
+    # (WorkflowConfigs, team) -> the LJ judge evaluation uses for rows that do not judge themselves (`eval.lj: all`)
+    judge: Callable[[Any, Any], Any] | None = None
+    # (WorkflowConfigs, base model, the row kinds in use, whether every row gets LJ) -> the report's context lines
+    # for this system's settings ({}: none to show)
+    report_context: Callable[[Any, str, set[str], bool], dict[str, str]] | None = None
 
     def build_joint(self, params: dict[str, Any], retriever: Retriever, *args) -> JointSystem:
         if self.joint is None:

@@ -324,11 +324,11 @@ def write_query_prompt_dataset(path: str | Path, samples: Sequence[GRPOSample | 
     for i, s in enumerate(rows):
         if not isinstance(s.meta.get("question"), str) or not isinstance(s.meta.get("pool"), dict):
             raise ValueError(f"query sample {i} (id={s.id!r}) has no question / pool in its meta "
-                             f"(build it with ragteam.train.maps.query_samples)")
+                             f"(build it with query_samples, the query agent's sample builder)")
         label = {"golden_answers": s.golden_answers, "question": s.meta["question"], "pool": s.meta["pool"]}
         decode_query_label(label)  # fail here, not on the cluster
         out.append({"id": s.id, INPUT_KEY: s.prompt, LABEL_KEY: json.dumps(label, ensure_ascii=False),
-                    "datasource": "maps_query"})
+                    "datasource": "query_agent"})
     return write_jsonl(path, out)
 
 
@@ -442,7 +442,7 @@ def prepare_answer_grpo_job(samples: Sequence[GRPOSample | dict], job_dir: str |
     """
     job_dir = Path(job_dir)
     dataset = job_dir / "prompts.jsonl"
-    n = write_prompt_dataset(dataset, samples, datasource=f"maps_answer_{reward.equation}")
+    n = write_prompt_dataset(dataset, samples, datasource=f"answer_agent_{reward.equation}")
     reward_file = write_reward_file(job_dir / "reward_func.py", reward=reward, special_tokens=special_tokens,
                                     project_dir=cluster.project_dir)
     args = grpo_args(model_path=model_path, dataset=str(dataset), reward_file=str(reward_file),

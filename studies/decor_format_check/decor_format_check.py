@@ -28,7 +28,7 @@ from ragteam.eval.evaluate import score_episodes, summarize  # noqa: E402
 from ragteam.io import write_json  # noqa: E402
 from ragteam.llm import LLMConfig, Team, load_engine  # noqa: E402
 from ragteam.retrieval.bm25 import Bm25sRetriever, build_bm25s_index  # noqa: E402
-from ragteam.rewards.decor import LLMJudge, RuleJudge, decor_rewards  # noqa: E402
+from ragteam.rewards.decor import LLMJudge, RuleJudge, decor_rewards, score_lj  # noqa: E402
 
 
 def format_errors(episodes, roles) -> dict:
@@ -63,7 +63,7 @@ def main() -> None:
         t0 = time.perf_counter()
         eps = run_decor(rows, team, retriever, cfg)
         seconds = time.perf_counter() - t0
-    score_episodes(eps, RuleJudge())
+    score_episodes(eps, lambda scored: score_lj(scored, RuleJudge()))
     decor_rewards(eps, RuleJudge(), cfg.reward)
     report = {"model": str(args.model), "questions": str(args.questions), "n": len(eps),
               "decor": cfg.model_dump(), "sampling": {r: s.model_dump() for r, s in llm.sampling.items()

@@ -68,12 +68,19 @@ def qagent_team_reward(ep: Episode, plugin: bool, hit_weight: float, passage_wor
                                       passage_words))
 
 
+def hit_weight(cfgs) -> float:
+    """Eq. 10's Hit weight, a training param (params.yaml `joint.qagent.hit_weight`, validated by
+    QAgentTrainParams; its default where unset), read from the `joint` section evaluation keeps (WorkflowConfigs)."""
+    own = (cfgs.joint.get("qagent") or {}).get("hit_weight")
+    field = QAgentTrainParams.model_fields["hit_weight"]
+    return field.default if own is None else QAgentTrainParams(hit_weight=own).hit_weight
+
+
 # `qagent` rows: Eq. 7; `qagent_plugin` rows: Eq. 8-10 with hit_weight joint.qagent.hit_weight, whose generator G is
 # an answering role the answer fallback serves
 TEAM_REWARDS = {
-    "qagent": TeamReward(lambda ep, cfgs: qagent_team_reward(ep, False, cfgs.qagent_hit_weight,
-                                                             cfgs.qagent.passage_words)),
-    "qagent_plugin": TeamReward(lambda ep, cfgs: qagent_team_reward(ep, True, cfgs.qagent_hit_weight,
+    "qagent": TeamReward(lambda ep, cfgs: qagent_team_reward(ep, False, hit_weight(cfgs), cfgs.qagent.passage_words)),
+    "qagent_plugin": TeamReward(lambda ep, cfgs: qagent_team_reward(ep, True, hit_weight(cfgs),
                                                                     cfgs.qagent.passage_words), resampled_ok=True),
 }
 
@@ -187,7 +194,18 @@ def _row(plugin: bool) -> RowKind:
 ROWS = {"qagent": _row(False), "qagent_plugin": _row(True)}
 
 
+
+
+def report_context(cfgs, base_model: str, used: set[str], lj_all: bool) -> dict[str, str]:
+    """The report's QAgent line, where a row is QAgent's (end to end or plug-in)."""
+    if not used & set(ROWS):
+        return {}
+    q = cfgs.qagent
+    return {"QAgent": f"max_turns {q.max_turns}, max_queries {q.max_queries}, top_k {q.top_k} per query, "
+                      f"passage_words {q.passage_words}"}
+
+
 SYSTEM = System(name="qagent", section="qagent", config=QAgentConfig, train_params=QAgentTrainParams,
                 joint=qagent_system, reward_text=REWARD_TEXT, oracle=qagent_oracle, stages=("stage1", "stage2"),
                 stage_ppo=stage_ppo, train_stages=train_qagent, grammars=GRAMMARS,
-                team_rewards=TEAM_REWARDS, rows=ROWS)
+                team_rewards=TEAM_REWARDS, rows=ROWS, agent_roles=(ROLE,), report_context=report_context)
