@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from ragteam.agents import decor as D
@@ -36,7 +37,7 @@ def decor_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     varies within it, and the trainer refills the step with further questions up to
     `decor.dynamic_sampling.max_rounds` rollouts. The loss is the shared one with `ratio_level: sequence`
     (Eq. 5; clip-higher through `clip_eps` / `clip_eps_high`)."""
-    from ragteam.train.decor_adv import decor_advantages, dynamic_sampling
+    from ragteam.train.decor_adv import decor_advantages, dynamic_sampling, role_returns
 
     cfg = parse_section(params, "decor", DecorConfig)
     last_team: dict[str, Team] = {}       # the step's Team: the LLM judge's `decor_judge` role is on it
@@ -57,8 +58,9 @@ def decor_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
         frozen[JUDGE_ROLE] = cfg.judge_model
     return JointSystem(
         name="decor", roles=D.POLICY_ROLES, rollout=rollout, annotate=annotate,
-        advantage=decor_advantages,
-        select=dynamic_sampling if ds.enabled else None, max_rollout_rounds=ds.max_rounds if ds.enabled else 1,
+        advantage=partial(decor_advantages, roles=D.POLICY_ROLES),
+        select=(partial(dynamic_sampling, returns_of=partial(role_returns, roles=D.POLICY_ROLES)) if ds.enabled
+                else None), max_rollout_rounds=ds.max_rounds if ds.enabled else 1,
         frozen_roles=frozen, requires={"ratio_level": "sequence", "normalize_advantages": False},
         describe={"workflow": "ragteam.agents.decor_workflow.run_decor(truncate_on_format_error=True)",
                   "decor": cfg.model_dump(), "advantage": "ragteam.train.decor_adv.decor_advantages (Eq. 6)",
