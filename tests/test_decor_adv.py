@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from ragteam.agents.decor import POLICY_ROLES
+from ragteam.systems.decor.roles import POLICY_ROLES
 from ragteam.records import AgentCall, Episode
 from ragteam.train.decor_adv import (EPS, decor_advantages, dynamic_sampling, keep_group, role_group_normalize,
                                      role_returns)

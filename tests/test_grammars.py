@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.agents import decor as D
+from ragteam.systems.decor import roles as D
 from ragteam.agents import jade as J
 from ragteam.agents import mask as M
 from ragteam.agents.core import FormatError

@@ -251,7 +251,7 @@ def test_jade_oracle_decomposes_chains_serially_resolves_references_and_earns_r_
 def test_decor_oracle_writes_think_then_one_block_and_earns_the_rule_judges_verdicts(decor_built, data):
     """Every policy call well formed (<think> then <search> / <filter> / <answer>), the golden answer, R_team = 1
     and no role verdict of -1 (R_total >= α); one-hop questions trace; chains longer than decor.t_max cannot."""
-    from ragteam.agents import decor as D
+    from ragteam.systems.decor import roles as D
 
     _system, rows, eps, summary = decor_built
     alpha = PARAMS["decor"]["reward"]["alpha"]

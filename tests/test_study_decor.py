@@ -3,7 +3,7 @@ hand-built DECOR trajectories whose answer is worked out here."""
 import importlib.util
 from pathlib import Path
 
-from ragteam.agents import decor as D
+from ragteam.systems.decor import roles as D
 from ragteam.records import AgentCall, Episode
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,8 +19,6 @@ IN_TEXT = re.compile(rf"(?i)\b(joint|warmup\.systems)\.(maps|mask|jade|decor|qag
 KNOWN = {
     "ragteam/agents/baselines.py": 3,
     "ragteam/agents/debate.py": 1,
-    "ragteam/agents/decor.py": 5,
-    "ragteam/agents/decor_workflow.py": 2,
     "ragteam/agents/ircot.py": 1,
     "ragteam/agents/jade.py": 7,
     "ragteam/agents/jade_workflow.py": 1,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers_agents import KeywordRetriever, ScriptedEngine
 
-from ragteam.agents import decor as D
+from ragteam.systems.decor import roles as D
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.train.pg import policy_loss
@@ -144,7 +144,7 @@ def test_system_requirements_are_checked_against_the_params(tmp_path):
 def test_params_profile_and_eval_wiring():
     from pathlib import Path
 
-    from ragteam.agents.decor_workflow import DecorConfig
+    from ragteam.systems.decor.workflow import DecorConfig
     from ragteam.config import deep_merge, load_params, parse_section
     from ragteam.eval.evaluate import EvalConfig, role_models
     from ragteam.profiles import check_keys, load_profile
@@ -265,7 +265,7 @@ def test_a_step_whose_groups_are_all_dropped_is_skipped_cleanly(tmp_path, tiny_l
 def test_decor_trained_keeps_the_summarizer_frozen():
     """`model: models/agents/decor` moves the three policy roles; the summarizer stays on the base model, or on
     decor.summarizer_model (DecorConfig.frozen_roles)."""
-    from ragteam.agents.decor_workflow import DecorConfig
+    from ragteam.systems.decor.workflow import DecorConfig
     from ragteam.eval.evaluate import SystemSpec, make_team
     from ragteam.llm import EnginePool
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.agents import decor as D
+from ragteam.systems.decor import roles as D
 from ragteam.config import load_params
 from ragteam.eval.evaluate import SystemSpec, comparison_pairs, make_team
 from ragteam.io import DataError

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ragteam.agents.baselines import BaselineConfig
-from ragteam.agents.decor_workflow import DecorConfig
+from ragteam.systems.decor.workflow import DecorConfig
 from ragteam.agents.jade_workflow import JadeConfig
 from ragteam.agents.mask_workflow import MaskConfig
 from ragteam.agents.maps_workflow import MapsConfig
@@ -38,7 +38,7 @@ from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.systems import REGISTRY, row_kinds as system_row_kinds, team_reward
 from ragteam.systems.spec import RowKind
-from ragteam.rewards.decor import Judge, make_judge, score_lj
+from ragteam.systems.decor.rewards import Judge, make_judge, score_lj
 from ragteam.rewards.team import set_team_rewards
 
 # roles with trained checkpoints (eval.agents)

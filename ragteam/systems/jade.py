@@ -19,7 +19,6 @@ from pydantic import Field, model_validator
 
 from ragteam.agents import jade as J
 from ragteam.agents.grammars import numbered_questions, text
-from ragteam.agents.decor_workflow import DynamicSamplingConfig
 from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.config import parse_section
 from ragteam.llm import Messages
@@ -29,6 +28,7 @@ from ragteam.retrieval.base import Retriever
 from ragteam.rewards.jade import assign_rewards
 from ragteam.rewards.team import TeamReward, episode_return
 from ragteam.systems.spec import RowKind, System
+from ragteam.train.decor_adv import DynamicSamplingConfig
 from ragteam.train.joint.params import GroupEstimatorParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.gold import Gold

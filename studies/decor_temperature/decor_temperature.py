@@ -22,7 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ragteam.agents import decor as D  # noqa: E402
+from ragteam.systems.decor import roles as D  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
 from ragteam.io import write_json  # noqa: E402

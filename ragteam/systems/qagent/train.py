@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ragteam.agents.decor_workflow import DynamicSamplingConfig
 from ragteam.agents.qagent_workflow import QAgentConfig, ROLE, agent_calls, run_qagent, trajectory_tokens
 from ragteam.config import Strict
 from ragteam.llm import EngineConfig, SamplingConfig, Team
@@ -37,6 +36,7 @@ from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.qagent import qagent_rewards_stage1, qagent_rewards_stage2
 from ragteam.train.checkpoints import TrainResult, save_agent
+from ragteam.train.decor_adv import DynamicSamplingConfig
 from ragteam.train.joint.system import JointSystem
 from ragteam.train.joint.params import PPOParams
 from ragteam.train.joint.batch import Sample
