@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.agents import baselines, ircot, jade, maps, mask, qagent, sure
+from ragteam.agents import baselines, ircot, maps, mask, qagent, sure
 from ragteam.agents.core import LONG_ANSWER, FormatError
 from ragteam.config import deep_merge, load_params
 from ragteam.llm import LLMConfig, Team
 from ragteam.profiles import load_profile
 from ragteam.systems.decor import roles as decor
 from ragteam.systems.decor.rewards import parse_verdict
+from ragteam.systems.jade import roles as jade
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = load_params(REPO / "params.yaml")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ragteam.systems.decor import roles as D
-from ragteam.agents import jade as J
+from ragteam.systems.jade import roles as J
 from ragteam.agents import mask as M
 from ragteam.agents.core import FormatError
 from ragteam.systems import grammar_sampling, grammars

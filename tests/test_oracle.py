@@ -221,7 +221,7 @@ def test_jade_oracle_decomposes_chains_serially_resolves_references_and_earns_r_
     """Algorithm 1 with the oracle: a chain is decomposed by QDS with later entities as references, the serial
     rewrite resolves each reference with the answer found, a comparison goes to QDP, every sub-question is solved by
     R, DS, AG; every call parses and the terminal call earns R_global = F1 = 1 with no format penalty (Eq. 6-8)."""
-    from ragteam.agents import jade as J
+    from ragteam.systems.jade import roles as J
 
     _system, rows, eps, summary = jade_built
     assert set(summary["rows_per_role"]) >= {J.PLANNER, J.DS, J.AG}

@@ -20,8 +20,6 @@ KNOWN = {
     "ragteam/agents/baselines.py": 3,
     "ragteam/agents/debate.py": 1,
     "ragteam/agents/ircot.py": 1,
-    "ragteam/agents/jade.py": 7,
-    "ragteam/agents/jade_workflow.py": 1,
     "ragteam/agents/maps_workflow.py": 1,
     "ragteam/agents/mask.py": 5,
     "ragteam/agents/mask_workflow.py": 1,

@@ -23,8 +23,8 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ragteam.agents import jade  # noqa: E402
-from ragteam.agents.jade_workflow import JadeConfig  # noqa: E402
+from ragteam.systems.jade import roles as jade  # noqa: E402
+from ragteam.systems.jade.workflow import JadeConfig  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
 from ragteam.eval.evaluate import SystemSpec, WorkflowConfigs, run_system, summarize  # noqa: E402
