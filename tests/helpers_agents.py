@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 
 from ragteam.agents import baselines, maps, qagent
-from ragteam.agents import mask as mask_agents
+from ragteam.systems.mask import roles as mask_agents
 from ragteam.llm import Completion, Messages, SamplingConfig, find_stop
 from ragteam.retrieval.base import Hit
 from ragteam.systems.decor import rewards as decor_rewards

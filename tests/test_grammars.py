@@ -13,7 +13,7 @@ import pytest
 
 from ragteam.systems.decor import roles as D
 from ragteam.systems.jade import roles as J
-from ragteam.agents import mask as M
+from ragteam.systems.mask import roles as M
 from ragteam.agents.core import FormatError
 from ragteam.systems import grammar_sampling, grammars
 from ragteam.config import ParamsError, load_params, parse_section

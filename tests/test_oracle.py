@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.agents import mask as M
+from ragteam.systems.mask import roles as M
 from ragteam.agents import qagent as Q
 from ragteam.agents.core import FormatError
 from ragteam.agents.qagent_workflow import agent_calls

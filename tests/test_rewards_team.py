@@ -14,7 +14,7 @@ from helpers_agents import DrawingEngine, KeywordRetriever, ScriptedEngine
 
 from ragteam.agents import qagent
 from ragteam.systems.jade.workflow import JadeConfig, run_jade
-from ragteam.agents.mask_workflow import MaskConfig
+from ragteam.systems.mask.workflow import MaskConfig
 from ragteam.agents.qagent_workflow import QAgentConfig, run_qagent
 from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs
 from ragteam.io import write_jsonl
@@ -156,7 +156,7 @@ MASK_PASSAGES = [("Xland", "Xville is the capital of Xland."), ("river", "The Lo
 def _mask_reply(role: str, messages) -> str:
     """A plan guessing "Paris", one search finding "Xville", then <end>; both questions end on "Xville" (right for
     the capital, wrong for the river), the garbled one writes empty tags everywhere (a stub each parser refuses)."""
-    from ragteam.agents import mask as M
+    from ragteam.systems.mask import roles as M
 
     user = messages[-1]["content"]
     if "garbled" in user:
@@ -176,7 +176,7 @@ def _mask_reply(role: str, messages) -> str:
 
 
 def _mask(every_turn: bool) -> list[Episode]:
-    from ragteam.agents.mask_workflow import MaskConfig, run_mask
+    from ragteam.systems.mask.workflow import MaskConfig, run_mask
 
     return run_mask(MASK_ROWS, Team(ScriptedEngine(_mask_reply)), KeywordRetriever(MASK_PASSAGES),
                     MaskConfig(max_turns=3, top_k=1, answer_every_turn=every_turn))
@@ -243,7 +243,7 @@ def test_the_stage_reads_qagents_hit_weight_from_its_training_params():
 
 
 def test_an_mask_evaluation_row_gets_its_team_reward_only_where_it_answers_every_turn():
-    from ragteam.agents.mask_workflow import MaskConfig
+    from ragteam.systems.mask.workflow import MaskConfig
     from ragteam.eval.evaluate import SystemSpec, run_system, summarize
 
     cfgs = WorkflowConfigs(mask=MaskConfig(max_turns=3, top_k=1))

@@ -15,7 +15,7 @@ from helpers_agents import KeywordRetriever, ScriptedEngine
 from test_mask_agents import PASSAGES
 from test_mask_agents import reply as mask_reply
 
-from ragteam.agents import mask as M
+from ragteam.systems.mask import roles as M
 from ragteam.config import deep_merge
 from ragteam.llm import Team
 

@@ -26,7 +26,7 @@ from pydantic import Field, field_validator, model_validator
 from ragteam.agents.baselines import BaselineConfig
 from ragteam.systems.decor.workflow import DecorConfig
 from ragteam.systems.jade.workflow import JadeConfig
-from ragteam.agents.mask_workflow import MaskConfig
+from ragteam.systems.mask.workflow import MaskConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.agents.qagent_workflow import QAgentConfig
 from ragteam.config import ParamsError, Strict
