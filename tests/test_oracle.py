@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from ragteam.systems.mask import roles as M
-from ragteam.agents import qagent as Q
+from ragteam.systems.qagent import roles as Q
 from ragteam.agents.core import FormatError
-from ragteam.agents.qagent_workflow import agent_calls
+from ragteam.systems.qagent.workflow import agent_calls
 from ragteam.config import deep_merge, load_params
 from ragteam.data import synthetic
 from ragteam.io import DataError, write_jsonl

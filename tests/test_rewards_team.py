@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from helpers_agents import DrawingEngine, KeywordRetriever, ScriptedEngine
 
-from ragteam.agents import qagent
+from ragteam.systems.qagent import roles as qagent
 from ragteam.systems.jade.workflow import JadeConfig, run_jade
 from ragteam.systems.mask.workflow import MaskConfig
-from ragteam.agents.qagent_workflow import QAgentConfig, run_qagent
+from ragteam.systems.qagent.workflow import QAgentConfig, run_qagent
 from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs
 from ragteam.io import write_jsonl
 from ragteam.llm import Completion, EngineConfig, EnginePool, LLMConfig, Team

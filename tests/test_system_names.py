@@ -21,8 +21,6 @@ KNOWN = {
     "ragteam/agents/debate.py": 1,
     "ragteam/agents/ircot.py": 1,
     "ragteam/agents/maps_workflow.py": 1,
-    "ragteam/agents/qagent.py": 1,
-    "ragteam/agents/qagent_workflow.py": 2,
     "ragteam/agents/sure.py": 1,
     "ragteam/cli.py": 2,
     "ragteam/eval/evaluate.py": 14,

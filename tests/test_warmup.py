@@ -322,7 +322,7 @@ def test_stages_name_the_missing_input_and_the_stage_that_makes_it(tmp_path, mon
 
 
 def test_the_probe_generates_with_what_the_workflow_adds_to_a_roles_sampling():
-    from ragteam.agents import qagent as Q
+    from ragteam.systems.qagent import roles as Q
 
     system = oracle_system("qagent", PARAMS)
     probe = FormatProbe(system, [row("q0", "qagent", "<answer>x</answer>", eos=False)], 1,

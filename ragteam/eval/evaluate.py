@@ -28,7 +28,7 @@ from ragteam.systems.decor.workflow import DecorConfig
 from ragteam.systems.jade.workflow import JadeConfig
 from ragteam.systems.mask.workflow import MaskConfig
 from ragteam.agents.maps_workflow import MapsConfig
-from ragteam.agents.qagent_workflow import QAgentConfig
+from ragteam.systems.qagent.workflow import QAgentConfig
 from ragteam.config import ParamsError, Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig

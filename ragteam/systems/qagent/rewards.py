@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ragteam.agents.core import clip_words
-from ragteam.agents.qagent_workflow import agent_calls, generator_step, knowledge
+from ragteam.systems.qagent.workflow import agent_calls, generator_step, knowledge
 from ragteam.metrics import contains_answer, exact_match
 from ragteam.llm import Team
 from ragteam.records import Episode
