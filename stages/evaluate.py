@@ -16,19 +16,19 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ragteam.systems.jade.workflow import JadeConfig
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.data.formats import load_qa
+from ragteam.systems.jade.workflow import JadeConfig
 from ragteam.eval.evaluate import (COMPARED, EvalConfig, WorkflowConfigs, add_intervals, compare_systems,
                                    comparison_pairs, make_team, no_answer_reasons, question_scores, row_kind,
                                    rows_without_their_stage, run_system, summarize, system_groups, with_average,
                                    without_rows)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
+from ragteam.environment import environment_line, run_record
 from ragteam.io import DataError, atomic_dir, atomic_file, compared_numbers, summary_path, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.environment import environment_line, run_record
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.records import write_episodes
 

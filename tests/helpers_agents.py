@@ -10,12 +10,12 @@ import re
 from collections.abc import Callable
 
 from ragteam.agents import baselines, maps
-from ragteam.systems.mask import roles as mask_agents
 from ragteam.llm import Completion, Messages, SamplingConfig, find_stop
 from ragteam.retrieval.base import Hit
 from ragteam.systems.decor import rewards as decor_rewards
 from ragteam.systems.decor import roles as decor
 from ragteam.systems.jade import roles as jade
+from ragteam.systems.mask import roles as mask_agents
 from ragteam.systems.qagent import roles as qagent
 
 _ROLE_BY_SYSTEM = [

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from ragteam.systems.decor.roles import POLICY_ROLES
 from ragteam.records import AgentCall, Episode
+from ragteam.systems.decor.roles import POLICY_ROLES
 from ragteam.train.decor_adv import (EPS, decor_advantages, dynamic_sampling, keep_group, role_group_normalize,
                                      role_returns)
 
@@ -51,7 +51,8 @@ def test_role_returns_average_steps_and_advantages_align_with_calls():
     e1 = ep("q", [("decor_planner", 0.94), ("decor_filter", 0.94), ("decor_planner", 0.14),
                   ("decor_summarizer", None), ("decor_answerer", 0.94)])
     e2 = ep("q", [("decor_planner", -0.4), ("decor_filter", -0.4), ("decor_answerer", 0.0)])
-    assert role_returns(e1, POLICY_ROLES) == pytest.approx({"decor_planner": 0.54, "decor_filter": 0.94, "decor_answerer": 0.94})
+    assert role_returns(e1, POLICY_ROLES) == pytest.approx({"decor_planner": 0.54, "decor_filter": 0.94,
+                                                            "decor_answerer": 0.94})
     adv = decor_advantages([e1, e2], POLICY_ROLES, eps=0.0)
     # two values per role: A = ±(x − μ)/σ with σ = |x1 − x2|/√2 -> ±1/√2 whatever the values
     h = 1 / math.sqrt(2)

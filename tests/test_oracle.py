@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.systems.mask import roles as M
-from ragteam.systems.qagent import roles as Q
 from ragteam.agents.core import FormatError
-from ragteam.systems.qagent.workflow import agent_calls
 from ragteam.config import deep_merge, load_params
 from ragteam.data import synthetic
 from ragteam.io import DataError, write_jsonl
 from ragteam.llm import LLMConfig, SamplingConfig, chat_text
 from ragteam.profiles import load_profile
-from ragteam.warmup import traces as T
 from ragteam.systems import oracle_system
-from ragteam.warmup.oracle import OracleEngine
+from ragteam.systems.mask import roles as M
+from ragteam.systems.qagent import roles as Q
+from ragteam.systems.qagent.workflow import agent_calls
+from ragteam.warmup import traces as T
 from ragteam.warmup.gold import GoldError, gold_chain
+from ragteam.warmup.oracle import OracleEngine
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = load_params(REPO / "params.yaml")

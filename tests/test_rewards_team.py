@@ -12,21 +12,21 @@ from pathlib import Path
 import pytest
 from helpers_agents import DrawingEngine, KeywordRetriever, ScriptedEngine
 
-from ragteam.systems.qagent import roles as qagent
-from ragteam.systems.jade.workflow import JadeConfig, run_jade
-from ragteam.systems.mask.workflow import MaskConfig
-from ragteam.systems.qagent.workflow import QAgentConfig, run_qagent
 from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs
 from ragteam.io import write_jsonl
 from ragteam.llm import Completion, EngineConfig, EnginePool, LLMConfig, Team
 from ragteam.records import AgentCall, Episode
-from ragteam.systems.jade.rewards import JadeRewardConfig, assign_rewards as assign_jade
 from ragteam.rewards.team import set_team_rewards as set_rewards
 from ragteam.systems import team_reward
 from ragteam.systems.decor import roles as decor
 from ragteam.systems.decor.rewards import Judgement, assign_rewards as assign_decor
 from ragteam.systems.decor.workflow import DecorRewardConfig
 from ragteam.systems.jade import roles as jade
+from ragteam.systems.jade.rewards import JadeRewardConfig, assign_rewards as assign_jade
+from ragteam.systems.jade.workflow import JadeConfig, run_jade
+from ragteam.systems.mask.workflow import MaskConfig
+from ragteam.systems.qagent import roles as qagent
+from ragteam.systems.qagent.workflow import QAgentConfig, run_qagent
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [{"id": "x", "question": "What is the capital of Francia?", "golden_answers": ["Paris"]}]

@@ -15,9 +15,9 @@ import pytest
 import torch
 from helpers_agents import KeywordRetriever, ScriptedEngine
 
-from ragteam.systems.decor import roles as D
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.records import AgentCall, Episode
+from ragteam.systems.decor import roles as D
 from ragteam.train.pg import policy_loss
 
 # ---- Eq. 5: sequence-level ratio, clip-higher, each sequence weighing the same (Eq. 4) ---------------------------

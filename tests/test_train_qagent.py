@@ -14,11 +14,11 @@ import pytest
 import torch
 from helpers_agents import KeywordRetriever, ScriptedEngine
 
-from ragteam.systems.qagent.workflow import QAgentConfig, trajectory_tokens
+import ragteam.systems.qagent.train as Q
 from ragteam.llm import SamplingConfig, Team
+from ragteam.systems.qagent.workflow import QAgentConfig, trajectory_tokens
 from ragteam.train.curves import read_curves
 from ragteam.train.pg import group_token_weights, policy_loss
-import ragteam.systems.qagent.train as Q
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,22 +24,22 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ragteam.agents.baselines import BaselineConfig
-from ragteam.systems.decor.workflow import DecorConfig
-from ragteam.systems.jade.workflow import JadeConfig
-from ragteam.systems.mask.workflow import MaskConfig
 from ragteam.agents.maps_workflow import MapsConfig
-from ragteam.systems.qagent.workflow import QAgentConfig
 from ragteam.config import ParamsError, Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
-from ragteam.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
+from ragteam.metrics import answer_metrics, has_answer
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems import REGISTRY, row_kinds as system_row_kinds, team_reward
-from ragteam.systems.spec import RowKind
-from ragteam.systems.decor.rewards import Judge, make_judge, score_lj
 from ragteam.rewards.team import set_team_rewards
+from ragteam.systems import REGISTRY, row_kinds as system_row_kinds, team_reward
+from ragteam.systems.decor.rewards import Judge, make_judge, score_lj
+from ragteam.systems.decor.workflow import DecorConfig
+from ragteam.systems.jade.workflow import JadeConfig
+from ragteam.systems.mask.workflow import MaskConfig
+from ragteam.systems.qagent.workflow import QAgentConfig
+from ragteam.systems.spec import RowKind
 
 # roles with trained checkpoints (eval.agents)
 AgentRole = Literal["query_agent", "judge_agent", "answer_agent", "qagent", "decor_planner", "decor_filter",

@@ -106,8 +106,9 @@ def dynamic_sampling(episodes: Sequence[Episode],
     """The episodes of the groups (questions, `Episode.question_id`) that `keep_group` keeps, order preserved.
 
     `returns_of`: what the system's estimator normalises within a group, per role: DECOR's R_total^{u,i} (Eq. 6,
-    `role_returns` over its policy roles); QAgent's one trajectory reward (`ragteam.systems.qagent.train.trajectory_return`), the same filter on
-    a one-role system (DAPO's: a prompt whose rewards have std > 0)."""
+    `role_returns` over its policy roles); QAgent's one trajectory reward
+    (`ragteam.systems.qagent.train.trajectory_return`), the same filter on a one-role system (DAPO's: a prompt whose
+    rewards have std > 0)."""
     returns: dict[str, list[Mapping[str, float]]] = defaultdict(list)
     for ep in episodes:
         returns[ep.question_id].append(returns_of(ep))

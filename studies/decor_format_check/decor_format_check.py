@@ -20,8 +20,6 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ragteam.systems.decor.roles import POLICY_ROLES  # noqa: E402
-from ragteam.systems.decor.workflow import DecorConfig, run_decor  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
 from ragteam.eval.evaluate import score_episodes, summarize  # noqa: E402
@@ -29,6 +27,8 @@ from ragteam.io import write_json  # noqa: E402
 from ragteam.llm import LLMConfig, Team, load_engine  # noqa: E402
 from ragteam.retrieval.bm25 import Bm25sRetriever, build_bm25s_index  # noqa: E402
 from ragteam.systems.decor.rewards import LLMJudge, RuleJudge, decor_rewards  # noqa: E402
+from ragteam.systems.decor.roles import POLICY_ROLES  # noqa: E402
+from ragteam.systems.decor.workflow import DecorConfig, run_decor  # noqa: E402
 
 
 def format_errors(episodes, roles) -> dict:

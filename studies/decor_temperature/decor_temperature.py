@@ -22,14 +22,14 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ragteam.systems.decor import roles as D  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
 from ragteam.io import write_json  # noqa: E402
 from ragteam.llm import LLMConfig, Team, call_seed, load_engine  # noqa: E402
 from ragteam.retrieval import open_retriever  # noqa: E402
-from ragteam.train.decor_adv import dynamic_sampling, role_returns  # noqa: E402
+from ragteam.systems.decor import roles as D  # noqa: E402
 from ragteam.systems.decor import decor_system  # noqa: E402
+from ragteam.train.decor_adv import dynamic_sampling, role_returns  # noqa: E402
 
 
 def measure(episodes) -> dict:

@@ -11,16 +11,16 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from ragteam.systems.decor import roles as D
 from ragteam.agents.grammars import NOT_A_PLACEHOLDER, text
-from ragteam.systems.decor.workflow import JUDGE_ROLE, DecorConfig, run_decor
 from ragteam.config import ParamsError, parse_section
 from ragteam.llm import Messages, Team
 from ragteam.metrics import exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems.decor.rewards import RuleJudge, decor_rewards, make_judge
 from ragteam.rewards.team import TeamReward
+from ragteam.systems.decor import roles as D
+from ragteam.systems.decor.rewards import RuleJudge, decor_rewards, make_judge
+from ragteam.systems.decor.workflow import JUDGE_ROLE, DecorConfig, run_decor
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.params import JointSystemParams
 from ragteam.train.joint.system import JointSystem

@@ -29,11 +29,11 @@ from typing import Protocol
 
 import ragteam.systems.decor.roles as decor
 from ragteam.agents.core import FormatError
-from ragteam.systems.decor.workflow import JUDGE_ROLE, DecorConfig, DecorRewardConfig
-from ragteam.metrics import contains_answer, f1_score, normalize_answer
 from ragteam.llm import Messages, Team
+from ragteam.metrics import contains_answer, f1_score, normalize_answer
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit
+from ragteam.systems.decor.workflow import JUDGE_ROLE, DecorConfig, DecorRewardConfig
 
 GOLD_SEPARATOR = "@@@"
 

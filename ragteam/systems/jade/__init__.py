@@ -1,8 +1,8 @@
 """JADE (§3, Algorithms 1-2): a planner and six LLM executors (QR, QDS, QDP, DS, AG, AS) over a retriever, on one
 shared policy; rolled out by Algorithm 1 (`ragteam.systems.jade.workflow.run_jade`; prompts and parsers:
-`ragteam.systems.jade.roles`), rewarded by Eq. 6-8 (`ragteam.systems.jade.rewards`), trained by joint PPO with GAE over each episode's
-flattened calls, or with `joint.jade.estimator: group` by GRPO's outcome advantage; its oracle player writes every
-role's output from the gold hops for the format warm-up.
+`ragteam.systems.jade.roles`), rewarded by Eq. 6-8 (`ragteam.systems.jade.rewards`), trained by joint PPO with GAE
+over each episode's flattened calls, or with `joint.jade.estimator: group` by GRPO's outcome advantage; its oracle
+player writes every role's output from the gold hops for the format warm-up.
 
 Credit: R_global (Eq. 6) sits on the terminal call alone; only GAE over the flattened calls (Alg. 2) carries it back,
 through the critic, to the planner and executors that produced it (`gae_scope="episode"`). `joint.jade.estimator:
@@ -17,16 +17,16 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from ragteam.systems.jade import roles as J
 from ragteam.agents.grammars import numbered_questions, text
-from ragteam.systems.jade.workflow import JadeConfig, run_jade
 from ragteam.config import parse_section
 from ragteam.llm import Messages
 from ragteam.metrics import exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems.jade.rewards import assign_rewards
 from ragteam.rewards.team import TeamReward, episode_return
+from ragteam.systems.jade import roles as J
+from ragteam.systems.jade.rewards import assign_rewards
+from ragteam.systems.jade.workflow import JadeConfig, run_jade
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.decor_adv import DynamicSamplingConfig
 from ragteam.train.joint.params import GroupEstimatorParams
@@ -78,10 +78,10 @@ def jade_group_advantages(episodes: Sequence[Episode]) -> list[list[float | None
 
 
 def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
-    """JADE (§3.4, Algorithm 2): the planner and the six LLM executors of `ragteam.systems.jade.roles`, rolled out with
-    Algorithm 1 (`run_jade`: JADE's training rollout is its inference procedure), rewarded by Eq. 6-8
-    (`ragteam.systems.jade.rewards.assign_rewards`: R_global on the terminal call, −`jade.reward.format_penalty` on every
-    malformed call). GAE runs over each episode's flattened call sequence (`gae_scope="episode"`), so the round-1
+    """JADE (§3.4, Algorithm 2): the planner and the six LLM executors of `ragteam.systems.jade.roles`, rolled out
+    with Algorithm 1 (`run_jade`: JADE's training rollout is its inference procedure), rewarded by Eq. 6-8
+    (`ragteam.systems.jade.rewards.assign_rewards`: R_global on the terminal call, −`jade.reward.format_penalty` on
+    every malformed call). GAE runs over each episode's flattened call sequence (`gae_scope="episode"`), so the round-1
     planner is credited with the terminal reward through the critic. The Eq. 7 format penalties sit on the malformed
     calls themselves, yet the same episode GAE also charges each one (discounted by γλ) to every earlier call of the
     episode: this follows Algorithm 2's GAE over the flattened calls, not a per-call credit."""

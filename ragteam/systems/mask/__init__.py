@@ -1,8 +1,8 @@
 """M-ASK (Multi-Agent Search and Knowledge, §3): Planning, Search, Summary, Update and Answer on one shared policy,
-rolled out by `ragteam.systems.mask.workflow.run_mask` (prompts and parsers: `ragteam.systems.mask.roles`), rewarded turn by
-turn (Eq. 2-3, `ragteam.systems.mask.rewards`), trained by joint PPO with GAE within each call, or with `joint.mask.estimator:
-group` by each call's reward normalised within its question's rollouts; its oracle player writes every role's output
-from the gold hops for the format warm-up.
+rolled out by `ragteam.systems.mask.workflow.run_mask` (prompts and parsers: `ragteam.systems.mask.roles`), rewarded
+turn by turn (Eq. 2-3, `ragteam.systems.mask.rewards`), trained by joint PPO with GAE within each call, or with
+`joint.mask.estimator: group` by each call's reward normalised within its question's rollouts; its oracle player
+writes every role's output from the gold hops for the format warm-up.
 
 Credit (DESIGN: a call's return must rise with the quality of its own output): every call carries its own reward
 (Eq. 2-3). Summed over the episode (γ = λ = 1) the Answer call of turn t would return F1(a_t) + 3·(F1(a_{t+1}) −
@@ -18,16 +18,16 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ragteam.systems.mask import roles as M
 from ragteam.agents.grammars import numbered_pairs, text
-from ragteam.systems.mask.workflow import MaskConfig, run_mask
 from ragteam.config import parse_section
 from ragteam.llm import Messages
 from ragteam.metrics import contains_answer, exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems.mask.rewards import annotate_mask, annotate_mask_episode
 from ragteam.rewards.team import TeamReward
+from ragteam.systems.mask import roles as M
+from ragteam.systems.mask.rewards import annotate_mask, annotate_mask_episode
+from ragteam.systems.mask.workflow import MaskConfig, run_mask
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.params import GroupEstimatorParams
 from ragteam.train.joint.system import JointSystem
@@ -145,7 +145,8 @@ GRAMMARS: dict[str, str] = {
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
 # Output forms: the Planning / Search / Summary / Update / Answer formats of the paper's Appendix C prompts
-# (`ragteam.systems.mask.roles`), as accepted by parse_plan, parse_search, parse_summary, parse_update, parse_final_answer.
+# (`ragteam.systems.mask.roles`), as accepted by parse_plan, parse_search, parse_summary, parse_update,
+# parse_final_answer.
 
 
 def _mask_history(text: str) -> list[tuple[str, str]]:

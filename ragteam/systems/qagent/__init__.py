@@ -9,18 +9,18 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ragteam.systems.qagent import roles as Q
 from ragteam.agents.grammars import text
-from ragteam.systems.qagent.workflow import GENERATOR_ROLE, ROLE, QAgentConfig, agent_sampling, knowledge, run_qagent
 from ragteam.config import parse_section
 from ragteam.llm import Messages
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems.qagent.rewards import qagent_reward_stage1, qagent_reward_stage2, qagent_rewards_stage1
 from ragteam.rewards.team import TeamReward
+from ragteam.systems.qagent import roles as Q
+from ragteam.systems.qagent.rewards import qagent_reward_stage1, qagent_reward_stage2, qagent_rewards_stage1
+from ragteam.systems.qagent.train import QAgentTrainParams, stage_ppo, train_qagent
+from ragteam.systems.qagent.workflow import GENERATOR_ROLE, ROLE, QAgentConfig, agent_sampling, knowledge, run_qagent
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.system import JointSystem
-from ragteam.systems.qagent.train import QAgentTrainParams, stage_ppo, train_qagent
 from ragteam.warmup.gold import Gold
 from ragteam.warmup.oracle import OracleSystem, hop_of_query, query_forms, visible_fact
 

@@ -29,18 +29,18 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ragteam.systems.qagent.workflow import QAgentConfig, ROLE, agent_calls, run_qagent, trajectory_tokens
 from ragteam.config import Strict
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.systems.qagent.rewards import qagent_rewards_stage1, qagent_rewards_stage2
+from ragteam.systems.qagent.workflow import QAgentConfig, ROLE, agent_calls, run_qagent, trajectory_tokens
 from ragteam.train.checkpoints import TrainResult, save_agent
 from ragteam.train.decor_adv import DynamicSamplingConfig
-from ragteam.train.joint.system import JointSystem
-from ragteam.train.joint.params import PPOParams
 from ragteam.train.joint.batch import Sample
 from ragteam.train.joint.loop import train_joint_ppo
+from ragteam.train.joint.params import PPOParams
+from ragteam.train.joint.system import JointSystem
 
 Stage = Literal["stage1", "stage2"]
 
