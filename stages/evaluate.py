@@ -25,10 +25,10 @@ from ragteam.eval.evaluate import (COMPARED, EvalConfig, WorkflowConfigs, add_in
                                    without_rows)
 from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scores, publish_prefect_artifact,
                                  report_markdown, table_markdown)
+from ragteam.environment import environment_line, run_record
 from ragteam.io import DataError, atomic_dir, atomic_file, compared_numbers, summary_path, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
 from ragteam.systems import frozen_role_models, report_context
-from ragteam.environment import environment_line, run_record
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.records import write_episodes
 

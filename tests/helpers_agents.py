@@ -9,11 +9,14 @@ import functools
 import re
 from collections.abc import Callable
 
-from ragteam.agents import baselines, decor, jade, maps, qagent
-from ragteam.agents import mask as mask_agents
+from ragteam.agents import baselines, maps
 from ragteam.llm import Completion, Messages, SamplingConfig, find_stop
-from ragteam.rewards import decor as decor_rewards
 from ragteam.retrieval.base import Hit
+from ragteam.systems.decor import rewards as decor_rewards
+from ragteam.systems.decor import roles as decor
+from ragteam.systems.jade import roles as jade
+from ragteam.systems.mask import roles as mask_agents
+from ragteam.systems.qagent import roles as qagent
 
 _ROLE_BY_SYSTEM = [
     (maps.QUERY_AGENT_SYSTEM[:40], "query_agent"), (maps.JUDGE_AGENT_SYSTEM[:40], "judge_agent"),

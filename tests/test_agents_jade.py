@@ -5,13 +5,13 @@ import json
 import pytest
 from helpers_agents import Bm25Retriever, KeywordRetriever, ScriptedEngine, question_of, smollm2_engine
 
-from ragteam.agents import jade
 from ragteam.agents.core import FormatError
-from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.data.formats import load_qa
 from ragteam.llm import SamplingConfig, Team
 from ragteam.records import read_episodes, write_episodes
 from ragteam.retrieval.base import Hit
+from ragteam.systems.jade import roles as jade
+from ragteam.systems.jade.workflow import JadeConfig, run_jade
 
 # ---- prompts ----------------------------------------------------------------------------------------------------
 

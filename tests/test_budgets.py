@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.agents import baselines, decor, ircot, jade, maps, mask, qagent, sure
+from ragteam.agents import baselines, ircot, maps, sure
 from ragteam.agents.core import LONG_ANSWER, FormatError
 from ragteam.config import deep_merge, load_params
 from ragteam.llm import LLMConfig, Team
 from ragteam.profiles import load_profile
-from ragteam.rewards.decor import parse_verdict
+from ragteam.systems.decor import roles as decor
+from ragteam.systems.decor.rewards import parse_verdict
+from ragteam.systems.jade import roles as jade
+from ragteam.systems.mask import roles as mask
+from ragteam.systems.qagent import roles as qagent
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = load_params(REPO / "params.yaml")

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from ragteam.records import AgentCall, Episode
+from ragteam.systems.decor.roles import POLICY_ROLES
 from ragteam.train.decor_adv import (EPS, decor_advantages, dynamic_sampling, keep_group, role_group_normalize,
                                      role_returns)
 
@@ -17,6 +18,11 @@ def ep(qid: str, calls: list[tuple[str, float | None]], team: float | None = Non
     if team is not None:
         e.meta["reward"] = {"team": team}
     return e
+
+
+def returns(e: Episode) -> dict[str, float]:
+    """DECOR's `returns_of` for dynamic sampling: R_total^{u,i} over its policy roles (what its spec passes)."""
+    return role_returns(e, POLICY_ROLES)
 
 
 def test_eq6_by_hand():
@@ -45,20 +51,21 @@ def test_role_returns_average_steps_and_advantages_align_with_calls():
     e1 = ep("q", [("decor_planner", 0.94), ("decor_filter", 0.94), ("decor_planner", 0.14),
                   ("decor_summarizer", None), ("decor_answerer", 0.94)])
     e2 = ep("q", [("decor_planner", -0.4), ("decor_filter", -0.4), ("decor_answerer", 0.0)])
-    assert role_returns(e1) == pytest.approx({"decor_planner": 0.54, "decor_filter": 0.94, "decor_answerer": 0.94})
-    adv = decor_advantages([e1, e2], eps=0.0)
+    assert role_returns(e1, POLICY_ROLES) == pytest.approx({"decor_planner": 0.54, "decor_filter": 0.94,
+                                                            "decor_answerer": 0.94})
+    adv = decor_advantages([e1, e2], POLICY_ROLES, eps=0.0)
     # two values per role: A = ±(x − μ)/σ with σ = |x1 − x2|/√2 -> ±1/√2 whatever the values
     h = 1 / math.sqrt(2)
     assert adv[0] == pytest.approx([h, h, h, None, h]) and adv[1] == pytest.approx([-h, -h, -h])
     assert adv[0][3] is None                               # the frozen summarizer gets no advantage
     with pytest.raises(ValueError, match="has no reward"):
-        decor_advantages([ep("q", [("decor_planner", None)])])
+        decor_advantages([ep("q", [("decor_planner", None)])], POLICY_ROLES)
 
 
 def test_groups_are_questions():
     es = [ep("a", [("decor_answerer", 1.0)]), ep("b", [("decor_answerer", 0.0)]),
           ep("a", [("decor_answerer", 0.0)]), ep("b", [("decor_answerer", 0.0)])]
-    adv = decor_advantages(es, eps=0.0)
+    adv = decor_advantages(es, POLICY_ROLES, eps=0.0)
     assert adv[0][0] == pytest.approx(1 / math.sqrt(2)) and adv[2][0] == pytest.approx(-1 / math.sqrt(2))
     assert adv[1] == [0.0] and adv[3] == [0.0]
 
@@ -76,13 +83,13 @@ def test_dynamic_sampling_keeps_groups_where_some_role_return_varies():
     passed = [("decor_planner", 0.4), ("decor_filter", -0.4), ("decor_planner", 0.4), ("decor_answerer", -0.4)]
     es = [ep("fmt", gated, team=0.0), ep("same", [("decor_answerer", 0.6)], team=1.0), ep("fmt", passed, team=0.0),
           ep("same", [("decor_answerer", 0.6)], team=1.0), ep("fmt", passed, team=0.0), ep("fmt", gated, team=0.0)]
-    kept = dynamic_sampling(es)
+    kept = dynamic_sampling(es, returns)
     assert [e.question_id for e in kept] == ["fmt"] * 4 and kept[0] is es[0]
-    adv = decor_advantages(kept)
+    adv = decor_advantages(kept, POLICY_ROLES)
     assert any(a not in (None, 0.0) for row in adv for a in row)       # the kept group does train
-    assert dynamic_sampling([e for e in es if e.question_id == "same"]) == []   # all equal: zero gradient
+    assert dynamic_sampling([e for e in es if e.question_id == "same"], returns) == []   # all equal: zero gradient
     with pytest.raises(ValueError, match="has no reward"):
-        dynamic_sampling([ep("x", [("decor_planner", None)])])
+        dynamic_sampling([ep("x", [("decor_planner", None)])], returns)
 
 
 def test_eq6_statistics_of_a_role_use_only_the_trajectories_where_it_acted():
@@ -92,7 +99,7 @@ def test_eq6_statistics_of_a_role_use_only_the_trajectories_where_it_acted():
     t1 = ep("q", [(P, 0.94), (F, 0.94), (P, 0.94), (A, 0.94)])
     t2 = ep("q", [(P, 0.14), (F, -0.4), (P, 0.14), (A, 0.14)])
     t3 = ep("q", [(P, -0.4), (A, 0.54)])                          # STOP at once: no Filter
-    adv = decor_advantages([t1, t2, t3], eps=0.0)
+    adv = decor_advantages([t1, t2, t3], POLICY_ROLES, eps=0.0)
     # Filter over t1, t2 only: returns 0.94, −0.4 -> ±1/√2 (a 0 for t3 would give μ 0.18, other values)
     h = 1 / math.sqrt(2)
     assert adv[0][1] == pytest.approx(h) and adv[1][1] == pytest.approx(-h)
@@ -103,4 +110,4 @@ def test_eq6_statistics_of_a_role_use_only_the_trajectories_where_it_acted():
     assert [adv[0][0], adv[1][0], adv[2][0]] == pytest.approx([(x - mu) / sd for x in pl])
     assert [adv[0][3], adv[1][3], adv[2][1]] == pytest.approx([1.0, -1.0, 0.0])
     assert len(adv[2]) == 2                                         # t3 has no Filter call to advantage
-    assert keep_group([role_returns(t) for t in (t1, t2, t3)])
+    assert keep_group([role_returns(t, POLICY_ROLES) for t in (t1, t2, t3)])

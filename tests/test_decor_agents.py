@@ -6,11 +6,11 @@ import re
 import pytest
 from helpers_agents import KeywordRetriever, ScriptedEngine
 
-from ragteam.agents import decor
 from ragteam.agents.core import FormatError
-from ragteam.agents.decor_workflow import DecorConfig, run_decor
 from ragteam.llm import Team
 from ragteam.retrieval.base import Hit
+from ragteam.systems.decor import roles as decor
+from ragteam.systems.decor.workflow import DecorConfig, run_decor
 
 # ---- prompts --------------------------------------------------------------------------------------------------------
 

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 from helpers_agents import Bm25Retriever, KeywordRetriever, ScriptedEngine, smollm2_engine
 
-from ragteam.agents import decor
-from ragteam.agents.decor_workflow import DecorConfig, run_decor
 from ragteam.agents.maps_workflow import MapsConfig
 from ragteam.config import ParamsError, deep_merge, load_params, parse_section
 from ragteam.data.formats import load_qa
@@ -20,7 +18,9 @@ from ragteam.io import write_jsonl
 from ragteam.llm import EngineConfig, EnginePool, LLMConfig, Team
 from ragteam.profiles import check_keys, load_profile
 from ragteam.records import read_episodes
-from ragteam.rewards.decor import RuleJudge, decor_rewards
+from ragteam.systems.decor import roles as decor
+from ragteam.systems.decor.rewards import RuleJudge, decor_rewards
+from ragteam.systems.decor.workflow import DecorConfig, run_decor
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

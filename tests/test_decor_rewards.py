@@ -8,10 +8,10 @@ import pytest
 from helpers_agents import KeywordRetriever, ScriptedEngine
 
 from ragteam.agents.core import FormatError
-from ragteam.agents.decor_workflow import DecorConfig, DecorRewardConfig, run_decor
 from ragteam.llm import Team
 from ragteam.records import Episode
-from ragteam.rewards import decor as R
+from ragteam.systems.decor import rewards as R
+from ragteam.systems.decor.workflow import DecorConfig, DecorRewardConfig, run_decor
 
 PASSAGES = [("Alpha Band", "Alpha Band covered the song Red Sky in 1977."),
             ("Red Sky", "Red Sky is a song written by Dana Low."),

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.agents import decor as D
-from ragteam.agents import jade as J
-from ragteam.agents import mask as M
 from ragteam.agents.core import FormatError
-from ragteam.systems import grammar_sampling, grammars
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.eval.evaluate import EvalConfig, SystemSpec, comparison_pairs, make_team
 from ragteam.llm import EngineConfig, LLMConfig, SamplingConfig
+from ragteam.systems import grammar_sampling, grammars
+from ragteam.systems.decor import roles as D
+from ragteam.systems.jade import roles as J
+from ragteam.systems.mask import roles as M
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,9 +29,7 @@ LAYERS = [
 SPECIAL = {"ragteam": 0}
 
 # imports that still run upward (importer, imported): to remove, not to add to
-KNOWN_UPWARD = {
-    ("ragteam.agents.jade_workflow", "ragteam.rewards.jade"),   # JADE's workflow and rewards: one system's module
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 # files over MAX_LINES that remain
 KNOWN_LONG: set[str] = set()
 

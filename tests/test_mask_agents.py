@@ -7,12 +7,12 @@ import re
 import pytest
 from helpers_agents import KeywordRetriever, ScriptedEngine
 
-from ragteam.agents import mask as M
 from ragteam.agents.core import FormatError
-from ragteam.agents.mask_workflow import MaskConfig, run_mask
 from ragteam.llm import Team
-from ragteam.rewards.mask import (annotate_mask_episode, answer_reward, end_reward, format_penalty, iteration_reward,
-                                  planning_reward)
+from ragteam.systems.mask import roles as M
+from ragteam.systems.mask.workflow import MaskConfig, run_mask
+from ragteam.systems.mask.rewards import (annotate_mask_episode, answer_reward, end_reward, format_penalty,
+                                          iteration_reward, planning_reward)
 
 # ---- prompts ------------------------------------------------------------------------------------------------------
 

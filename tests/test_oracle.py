@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.agents import mask as M
-from ragteam.agents import qagent as Q
 from ragteam.agents.core import FormatError
-from ragteam.agents.qagent_workflow import agent_calls
 from ragteam.config import deep_merge, load_params
 from ragteam.data import synthetic
 from ragteam.io import DataError, write_jsonl
 from ragteam.llm import LLMConfig, SamplingConfig, chat_text
 from ragteam.profiles import load_profile
-from ragteam.warmup import traces as T
 from ragteam.systems import oracle_system
-from ragteam.warmup.oracle import OracleEngine
+from ragteam.systems.mask import roles as M
+from ragteam.systems.qagent import roles as Q
+from ragteam.systems.qagent.workflow import agent_calls
+from ragteam.warmup import traces as T
 from ragteam.warmup.gold import GoldError, gold_chain
+from ragteam.warmup.oracle import OracleEngine
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = load_params(REPO / "params.yaml")
@@ -221,7 +221,7 @@ def test_jade_oracle_decomposes_chains_serially_resolves_references_and_earns_r_
     """Algorithm 1 with the oracle: a chain is decomposed by QDS with later entities as references, the serial
     rewrite resolves each reference with the answer found, a comparison goes to QDP, every sub-question is solved by
     R, DS, AG; every call parses and the terminal call earns R_global = F1 = 1 with no format penalty (Eq. 6-8)."""
-    from ragteam.agents import jade as J
+    from ragteam.systems.jade import roles as J
 
     _system, rows, eps, summary = jade_built
     assert set(summary["rows_per_role"]) >= {J.PLANNER, J.DS, J.AG}
@@ -251,7 +251,7 @@ def test_jade_oracle_decomposes_chains_serially_resolves_references_and_earns_r_
 def test_decor_oracle_writes_think_then_one_block_and_earns_the_rule_judges_verdicts(decor_built, data):
     """Every policy call well formed (<think> then <search> / <filter> / <answer>), the golden answer, R_team = 1
     and no role verdict of -1 (R_total >= α); one-hop questions trace; chains longer than decor.t_max cannot."""
-    from ragteam.agents import decor as D
+    from ragteam.systems.decor import roles as D
 
     _system, rows, eps, summary = decor_built
     alpha = PARAMS["decor"]["reward"]["alpha"]

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from helpers_agents import Bm25Retriever, KeywordRetriever, ScriptedEngine, smollm2_engine
 
-from ragteam.agents import qagent
 from ragteam.agents.core import FormatError
-from ragteam.agents.qagent_workflow import (QAgentConfig, generator_messages, knowledge, run_qagent,
+from ragteam.systems.qagent import roles as qagent
+from ragteam.systems.qagent.workflow import (QAgentConfig, generator_messages, knowledge, run_qagent,
                                             trajectory_text, trajectory_tokens)
 from ragteam.eval.evaluate import EvalConfig, SystemSpec, WorkflowConfigs, run_system, summarize
 from ragteam.llm import SamplingConfig, Team, chat_text
-from ragteam.rewards.qagent import format_ok, qagent_reward_stage2, qagent_rewards_stage1, qagent_rewards_stage2
 from ragteam.retrieval.base import Hit
+from ragteam.systems.qagent.rewards import format_ok, qagent_reward_stage2, qagent_rewards_stage1, qagent_rewards_stage2
 
 REPO = Path(__file__).resolve().parents[1]
 

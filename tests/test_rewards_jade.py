@@ -6,16 +6,16 @@ import yaml
 from helpers_agents import KeywordRetriever, ScriptedEngine
 from test_agents_jade import CASE1_Q, PASSAGES, case_reply, case_rows
 
-from ragteam.agents import jade
-from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.config import ParamsError, deep_merge, parse_section
 from ragteam.eval import report
+from ragteam.systems.jade import roles as jade
+from ragteam.systems.jade.workflow import JadeConfig, run_jade
 from ragteam.eval.evaluate import (EvalConfig, SystemSpec, WorkflowConfigs, role_models, run_system, summarize,
                                    with_average)
 from ragteam.llm import Team
 from ragteam.records import AgentCall, Episode
-from ragteam.rewards.jade import (JadeRewardConfig, assign_rewards, format_reward, global_reward,
-                                  normalized_cost)
+from ragteam.systems.jade.rewards import (JadeRewardConfig, assign_rewards, format_reward, global_reward,
+                                          normalized_cost)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,19 +12,21 @@ from pathlib import Path
 import pytest
 from helpers_agents import DrawingEngine, KeywordRetriever, ScriptedEngine
 
-from ragteam.agents import decor, jade, qagent
-from ragteam.agents.decor_workflow import DecorRewardConfig
-from ragteam.agents.jade_workflow import JadeConfig, run_jade
-from ragteam.agents.mask_workflow import MaskConfig
-from ragteam.agents.qagent_workflow import QAgentConfig, run_qagent
 from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs
 from ragteam.io import write_jsonl
 from ragteam.llm import Completion, EngineConfig, EnginePool, LLMConfig, Team
 from ragteam.records import AgentCall, Episode
-from ragteam.rewards.decor import Judgement, assign_rewards as assign_decor
-from ragteam.rewards.jade import JadeRewardConfig, assign_rewards as assign_jade
 from ragteam.rewards.team import set_team_rewards as set_rewards
 from ragteam.systems import team_reward
+from ragteam.systems.decor import roles as decor
+from ragteam.systems.decor.rewards import Judgement, assign_rewards as assign_decor
+from ragteam.systems.decor.workflow import DecorRewardConfig
+from ragteam.systems.jade import roles as jade
+from ragteam.systems.jade.rewards import JadeRewardConfig, assign_rewards as assign_jade
+from ragteam.systems.jade.workflow import JadeConfig, run_jade
+from ragteam.systems.mask.workflow import MaskConfig
+from ragteam.systems.qagent import roles as qagent
+from ragteam.systems.qagent.workflow import QAgentConfig, run_qagent
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [{"id": "x", "question": "What is the capital of Francia?", "golden_answers": ["Paris"]}]
@@ -154,7 +156,7 @@ MASK_PASSAGES = [("Xland", "Xville is the capital of Xland."), ("river", "The Lo
 def _mask_reply(role: str, messages) -> str:
     """A plan guessing "Paris", one search finding "Xville", then <end>; both questions end on "Xville" (right for
     the capital, wrong for the river), the garbled one writes empty tags everywhere (a stub each parser refuses)."""
-    from ragteam.agents import mask as M
+    from ragteam.systems.mask import roles as M
 
     user = messages[-1]["content"]
     if "garbled" in user:
@@ -174,7 +176,7 @@ def _mask_reply(role: str, messages) -> str:
 
 
 def _mask(every_turn: bool) -> list[Episode]:
-    from ragteam.agents.mask_workflow import MaskConfig, run_mask
+    from ragteam.systems.mask.workflow import MaskConfig, run_mask
 
     return run_mask(MASK_ROWS, Team(ScriptedEngine(_mask_reply)), KeywordRetriever(MASK_PASSAGES),
                     MaskConfig(max_turns=3, top_k=1, answer_every_turn=every_turn))
@@ -246,7 +248,7 @@ def test_the_stage_reads_qagents_hit_weight_from_its_training_params():
 
 
 def test_an_mask_evaluation_row_gets_its_team_reward_only_where_it_answers_every_turn():
-    from ragteam.agents.mask_workflow import MaskConfig
+    from ragteam.systems.mask.workflow import MaskConfig
     from ragteam.eval.evaluate import SystemSpec, run_system, summarize
 
     cfgs = WorkflowConfigs(mask=MaskConfig(max_turns=3, top_k=1))

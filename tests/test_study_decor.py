@@ -3,8 +3,8 @@ hand-built DECOR trajectories whose answer is worked out here."""
 import importlib.util
 from pathlib import Path
 
-from ragteam.agents import decor as D
 from ragteam.records import AgentCall, Episode
+from ragteam.systems.decor import roles as D
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("decor_temperature", REPO / "studies" / "decor_temperature" / "decor_temperature.py")

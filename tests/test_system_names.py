@@ -17,14 +17,6 @@ IN_TEXT = re.compile(rf"(?i)\b(joint|warmup\.systems)\.(maps|mask|jade|decor|qag
 
 # file -> string constants naming a system it still holds (to remove when the systems become modules)
 KNOWN = {
-    "ragteam/agents/decor.py": 5,
-    "ragteam/agents/decor_workflow.py": 2,
-    "ragteam/agents/jade.py": 7,
-    "ragteam/agents/jade_workflow.py": 1,
-    "ragteam/agents/mask.py": 5,
-    "ragteam/agents/mask_workflow.py": 1,
-    "ragteam/agents/qagent.py": 1,
-    "ragteam/agents/qagent_workflow.py": 2,
 }
 
 

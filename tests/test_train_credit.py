@@ -15,9 +15,9 @@ from helpers_agents import KeywordRetriever, ScriptedEngine
 from test_mask_agents import PASSAGES
 from test_mask_agents import reply as mask_reply
 
-from ragteam.agents import mask as M
 from ragteam.config import deep_merge
 from ragteam.llm import Team
+from ragteam.systems.mask import roles as M
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,6 +9,7 @@ import json
 import math
 import re
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from helpers_agents import KeywordRetriever, ScriptedEngine
 
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.records import AgentCall, Episode
+from ragteam.systems.decor import roles as D
 from ragteam.train.pg import policy_loss
 
 # ---- Eq. 5: sequence-level ratio, clip-higher, each sequence weighing the same (Eq. 4) ---------------------------
@@ -142,7 +144,7 @@ def test_system_requirements_are_checked_against_the_params(tmp_path):
 def test_params_profile_and_eval_wiring():
     from pathlib import Path
 
-    from ragteam.agents.decor_workflow import DecorConfig
+    from ragteam.systems.decor.workflow import DecorConfig
     from ragteam.config import deep_merge, load_params, parse_section
     from ragteam.eval.evaluate import EvalConfig, role_models
     from ragteam.profiles import check_keys, load_profile
@@ -222,7 +224,7 @@ def test_one_decor_step_end_to_end_to_a_checkpoint(tmp_path, tiny_llama, monkeyp
         for s in eps[k]:
             ep.add_call(AgentCall(role=s.role, prompt=[], reward=s.reward))
         fake.append(ep)
-    expect = decor_advantages(fake)
+    expect = decor_advantages(fake, D.POLICY_ROLES)
     for k, ep_adv in zip(sorted(eps), expect):
         for s, a in zip(eps[k], ep_adv):
             assert s.advantages.tolist() == pytest.approx([a] * len(s.response_ids))
@@ -263,7 +265,7 @@ def test_a_step_whose_groups_are_all_dropped_is_skipped_cleanly(tmp_path, tiny_l
 def test_decor_trained_keeps_the_summarizer_frozen():
     """`model: models/agents/decor` moves the three policy roles; the summarizer stays on the base model, or on
     decor.summarizer_model (DecorConfig.frozen_roles)."""
-    from ragteam.agents.decor_workflow import DecorConfig
+    from ragteam.systems.decor.workflow import DecorConfig
     from ragteam.eval.evaluate import SystemSpec, make_team
     from ragteam.llm import EnginePool
 
@@ -313,7 +315,7 @@ def test_frozen_role_generates_with_the_adapter_off(tiny_llama):
 def _fake_system(signal: dict[str, bool], max_rounds: int, log: list):
     """A select system without a model: each question's G = 2 trajectories get Answerer returns that differ
     (signal True) or are equal; `log` records every rollout's question ids."""
-    from ragteam.train.decor_adv import dynamic_sampling
+    from ragteam.train.decor_adv import dynamic_sampling, role_returns
     from ragteam.train.joint.system import JointSystem
 
     def rollout(rows, _team):
@@ -329,7 +331,8 @@ def _fake_system(signal: dict[str, bool], max_rounds: int, log: list):
     from ragteam.train.decor_adv import decor_advantages
 
     return JointSystem(name="fake", roles=("decor_answerer",), rollout=rollout, annotate=lambda eps: eps,
-                       describe={}, advantage=decor_advantages, select=dynamic_sampling,
+                       describe={}, advantage=partial(decor_advantages, roles=("decor_answerer",)),
+                       select=partial(dynamic_sampling, returns_of=partial(role_returns, roles=("decor_answerer",))),
                        max_rollout_rounds=max_rounds)
 
 
@@ -461,7 +464,7 @@ def test_a_trajectory_without_a_filter_call_trains_and_eq6_skips_it_for_the_filt
         ep = Episode(question_id="sky", question="q", golden_answers=["x"])
         for s in t:
             ep.add_call(AgentCall(role=s.role, prompt=[], reward=s.reward))
-        rets.append(role_returns(ep))
+        rets.append(role_returns(ep, D.POLICY_ROLES))
     assert "decor_filter" not in rets[2]
     want = role_group_normalize(rets, ["sky"] * 4)
     for t, w in zip(trajs, want):

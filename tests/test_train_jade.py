@@ -11,10 +11,10 @@ import yaml
 from helpers_agents import KeywordRetriever, ScriptedEngine
 from test_agents_jade import CASE1_Q, CASE2_Q, PASSAGES, REWRITE2, case_reply, case_rows
 
-from ragteam.agents import jade
 from ragteam.config import deep_merge
 from ragteam.llm import Team
 from ragteam.systems import build_joint
+from ragteam.systems.jade import roles as jade
 from ragteam.systems.jade import REWARD_TEXT
 
 REPO = Path(__file__).resolve().parents[1]

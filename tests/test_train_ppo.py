@@ -81,7 +81,7 @@ def test_every_group_estimator_uses_the_one_normalisation_with_its_papers_conven
     """DECOR Eq. 6 (sample std, ε 1e-4) and QAgent (population std, ε 1e-6) go through `advantages.group_normalized`
     (the shared-prefix GRPO's TRL convention: tests/test_train_grpo_prefix.py)."""
     import ragteam.train.advantages as A
-    from ragteam.agents.decor import POLICY_ROLES
+    from ragteam.systems.decor.roles import POLICY_ROLES
     from ragteam.records import AgentCall, Episode
     from ragteam.train.decor_adv import EPS, decor_advantages
     from ragteam.train.joint.batch import Sample
@@ -102,7 +102,7 @@ def test_every_group_estimator_uses_the_one_normalisation_with_its_papers_conven
         e = Episode(question_id="q", question="q", golden_answers=["a"])
         e.add_call(AgentCall(role=POLICY_ROLES[0], prompt=[], reward=r))
         eps.append(e)
-    adv = decor_advantages(eps)
+    adv = decor_advantages(eps, POLICY_ROLES)
     assert calls[-1] == ("sample", EPS) and adv[0][0] == pytest.approx(0.5 / (math.sqrt(0.5) + EPS))
     samples = [Sample(0, 0, "r", [1], [2, 3], r, group="g") for r in (1.0, 0.0)]
     group_advantages(samples)

@@ -14,11 +14,11 @@ import pytest
 import torch
 from helpers_agents import KeywordRetriever, ScriptedEngine
 
-from ragteam.agents.qagent_workflow import QAgentConfig, trajectory_tokens
+import ragteam.systems.qagent.train as Q
 from ragteam.llm import SamplingConfig, Team
+from ragteam.systems.qagent.workflow import QAgentConfig, trajectory_tokens
 from ragteam.train.curves import read_curves
 from ragteam.train.pg import group_token_weights, policy_loss
-import ragteam.systems.qagent.train as Q
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def tiny(tiny_llama):
     return tiny_llama, AutoTokenizer.from_pretrained(tiny_llama)
 
 def _samples(tok):
-    from ragteam.rewards.qagent import qagent_rewards_stage1
+    from ragteam.systems.qagent.rewards import qagent_rewards_stage1
     from ragteam.systems.qagent.train import rollout_groups, trajectory_samples
 
     team = Team(ScriptedEngine(_agent_reply), {"qagent": SamplingConfig(max_new_tokens=64)})
@@ -123,7 +123,7 @@ def test_dynamic_sampling_keeps_the_groups_whose_rewards_vary_and_refills_keep_t
     # a refill rollout of B alone: its position is 0, as A's was in the first rollout, its group is not A's
     team = Team(ScriptedEngine(_agent_reply), {"qagent": SamplingConfig(max_new_tokens=64)})
     refill = rollout_groups(ROWS[1:], team, KeywordRetriever(PASSAGES), QAgentConfig(max_turns=3), group_size=2)
-    from ragteam.rewards.qagent import qagent_rewards_stage1
+    from ragteam.systems.qagent.rewards import qagent_rewards_stage1
     qagent_rewards_stage1(refill)
     first, _ = _samples(tok)
     groups = [s.group for s in trajectory_samples(tok, first[:2] + refill)]
@@ -180,7 +180,7 @@ def test_a_trajectory_cut_at_max_seq_len_never_trains_but_stays_in_its_group(tin
     max_seq_len between the two cuts the first one's final answer. Its loss mask becomes all 0 (no token of it
     trains), it is counted, and it keeps its reward in the group's statistics (DAPO's overlong masking), so its
     group-mate's advantage is what the whole group gives."""
-    from ragteam.rewards.qagent import qagent_rewards_stage1
+    from ragteam.systems.qagent.rewards import qagent_rewards_stage1
     from ragteam.train.joint.update import group_advantages
     from ragteam.train.joint.batch import loss_tokens
     from ragteam.systems.qagent.train import rollout_groups, trajectory_samples, truncated

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from ragteam.agents import decor as D
 from ragteam.config import load_params
 from ragteam.eval.evaluate import SystemSpec, comparison_pairs, make_team
 from ragteam.io import DataError
 from ragteam.llm import EngineConfig, SamplingConfig, chat_text
 from ragteam.systems import oracle_system
+from ragteam.systems.decor import roles as D
 from ragteam.warmup.sft import FormatProbe, WarmupParams, per_role, sft_ids, split_heldout, tokenized_rows
 from ragteam.warmup.start import WARMUP_OFF, start_model
 
@@ -322,7 +322,7 @@ def test_stages_name_the_missing_input_and_the_stage_that_makes_it(tmp_path, mon
 
 
 def test_the_probe_generates_with_what_the_workflow_adds_to_a_roles_sampling():
-    from ragteam.agents import qagent as Q
+    from ragteam.systems.qagent import roles as Q
 
     system = oracle_system("qagent", PARAMS)
     probe = FormatProbe(system, [row("q0", "qagent", "<answer>x</answer>", eos=False)], 1,

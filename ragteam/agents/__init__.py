@@ -1,4 +1,4 @@
-"""Agent workflows: MAPS (`maps_workflow`), M-ASK (`mask_workflow`), JADE (`jade_workflow`), DECOR (`decor_workflow`),
-QAgent (`qagent_workflow`), the retrieval debate DRAG (`debate`) and the Table 1 baselines (`baselines`, `ircot`,
-`sure`); prompts and output parsers per system (`maps`, `mask`, `jade`, `decor`, `qagent`); shared pool / step / cost
-machinery (`core`)."""
+"""Agent workflows: MAPS (`maps_workflow`), the retrieval debate DRAG (`debate`) and the Table 1 baselines
+(`baselines`, `ircot`, `sure`); MAPS's prompts and output parsers (`maps`); shared pool / step / cost machinery
+(`core`). The joint systems' roles and workflows (M-ASK, JADE, DECOR, QAgent) live in their packages,
+`ragteam.systems.<system>.roles` and `.workflow`."""

@@ -28,13 +28,13 @@ from ragteam.agents.baselines import BaselineConfig
 from ragteam.config import ParamsError, Strict
 from ragteam.eval import stats
 from ragteam.eval.stats import BootstrapConfig
-from ragteam.metrics import answer_metrics, has_answer
 from ragteam.llm import EnginePool, SamplingConfig, Team
+from ragteam.metrics import answer_metrics, has_answer
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.rewards.team import set_team_rewards
 from ragteam.systems import agent_roles, config_sections, lj_judge, row_kinds as system_row_kinds, team_reward
 from ragteam.systems.spec import RowKind
-from ragteam.rewards.team import set_team_rewards
 
 
 def _agent_role(role: str) -> str:

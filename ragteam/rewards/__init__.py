@@ -1,3 +1,3 @@
-"""Reward functions, named after the paper equations they implement (pure: strings in, floats out; the QAgent
-stage-2 scorer also calls its frozen generator, as Eq. 9 requires). Import them from their modules
-(`ragteam.rewards.maps`, `ragteam.rewards.qagent`, ...)."""
+"""Reward functions, named after the paper equations they implement (pure: strings in, floats out). Import them from
+their modules (`ragteam.rewards.maps`, `ragteam.rewards.team`); a joint system's rewards live in its own package
+(`ragteam.systems.<system>.rewards`)."""

@@ -32,20 +32,36 @@ Unstated in the paper and chosen here:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
-from ragteam.agents.decor import POLICY_ROLES
+from pydantic import Field
+
+from ragteam.config import Strict
 from ragteam.records import Episode
 from ragteam.train.advantages import group_normalized
 
 EPS = 1e-4  # ε of Eq. 6 (not stated in the paper; the project's GRPO uses 1e-4)
 
 
-def role_returns(ep: Episode) -> dict[str, float]:
-    """R_total^{u,i} per policy role that acted in the trajectory: the mean reward of its calls."""
+class DynamicSamplingConfig(Strict):
+    """DAPO-style dynamic sampling (Sec. 4.4): train on a question's group of G trajectories only when some role's
+    return varies within it (`ragteam.train.decor_adv.keep_group`: otherwise every Eq. 6 advantage is 0), and
+    refill the step with further questions until `joint.decor.ppo.questions_per_step` groups are kept or
+    `max_rounds` rollouts have run (`ragteam.train.joint.batch._select_with_refill`).
+
+    Here, beside `dynamic_sampling`, because DECOR, JADE and QAgent all configure it (no one system's module)."""
+
+    enabled: bool = True
+    max_rounds: int = Field(10, ge=1)   # rollouts per step, the first included (DAPO recipe's max_num_gen_batches
+                                        # 10); 1: no refill
+
+
+def role_returns(ep: Episode, roles: Collection[str]) -> dict[str, float]:
+    """R_total^{u,i} per policy role (of `roles`, DECOR's `POLICY_ROLES`) that acted in the trajectory: the mean
+    reward of its calls."""
     by_role: dict[str, list[float]] = defaultdict(list)
     for c in ep.calls:
-        if c.role in POLICY_ROLES:
+        if c.role in roles:
             if c.reward is None:
                 raise ValueError(f"episode {ep.episode_id}: {c.role} call has no reward (run decor_rewards first)")
             by_role[c.role].append(c.reward)
@@ -66,11 +82,12 @@ def role_group_normalize(returns: Sequence[Mapping[str, float]], groups: Sequenc
     return out
 
 
-def decor_advantages(episodes: Sequence[Episode], eps: float = EPS) -> list[list[float | None]]:
-    """A_i^u for every call of every episode (aligned with `Episode.calls`); None for non-policy calls
-    (the frozen summarizer)."""
-    adv = role_group_normalize([role_returns(ep) for ep in episodes], [ep.question_id for ep in episodes], eps)
-    return [[a.get(c.role) if c.role in POLICY_ROLES else None for c in ep.calls] for ep, a in zip(episodes, adv)]
+def decor_advantages(episodes: Sequence[Episode], roles: Collection[str], eps: float = EPS
+                     ) -> list[list[float | None]]:
+    """A_i^u for every call of every episode (aligned with `Episode.calls`); None for calls of a role not in
+    `roles`, the policy roles (the frozen summarizer)."""
+    adv = role_group_normalize([role_returns(ep, roles) for ep in episodes], [ep.question_id for ep in episodes], eps)
+    return [[a.get(c.role) if c.role in roles else None for c in ep.calls] for ep, a in zip(episodes, adv)]
 
 
 def keep_group(returns: Sequence[Mapping[str, float]], tol: float = 1e-9) -> bool:
@@ -85,12 +102,13 @@ def keep_group(returns: Sequence[Mapping[str, float]], tol: float = 1e-9) -> boo
 
 
 def dynamic_sampling(episodes: Sequence[Episode],
-                     returns_of: Callable[[Episode], Mapping[str, float]] = role_returns) -> list[Episode]:
+                     returns_of: Callable[[Episode], Mapping[str, float]]) -> list[Episode]:
     """The episodes of the groups (questions, `Episode.question_id`) that `keep_group` keeps, order preserved.
 
     `returns_of`: what the system's estimator normalises within a group, per role: DECOR's R_total^{u,i} (Eq. 6,
-    `role_returns`); QAgent's one trajectory reward (`ragteam.systems.qagent.train.trajectory_return`), the same filter on
-    a one-role system (DAPO's: a prompt whose rewards have std > 0)."""
+    `role_returns` over its policy roles); QAgent's one trajectory reward
+    (`ragteam.systems.qagent.train.trajectory_return`), the same filter on a one-role system (DAPO's: a prompt whose
+    rewards have std > 0)."""
     returns: dict[str, list[Mapping[str, float]]] = defaultdict(list)
     for ep in episodes:
         returns[ep.question_id].append(returns_of(ep))

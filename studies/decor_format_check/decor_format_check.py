@@ -20,15 +20,15 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ragteam.agents.decor import POLICY_ROLES  # noqa: E402
-from ragteam.agents.decor_workflow import DecorConfig, run_decor  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
 from ragteam.eval.evaluate import score_episodes, summarize  # noqa: E402
 from ragteam.io import write_json  # noqa: E402
 from ragteam.llm import LLMConfig, Team, load_engine  # noqa: E402
 from ragteam.retrieval.bm25 import Bm25sRetriever, build_bm25s_index  # noqa: E402
-from ragteam.rewards.decor import LLMJudge, RuleJudge, decor_rewards, score_lj  # noqa: E402
+from ragteam.systems.decor.rewards import LLMJudge, RuleJudge, decor_rewards, score_lj  # noqa: E402
+from ragteam.systems.decor.roles import POLICY_ROLES  # noqa: E402
+from ragteam.systems.decor.workflow import DecorConfig, run_decor  # noqa: E402
 
 
 def format_errors(episodes, roles) -> dict:

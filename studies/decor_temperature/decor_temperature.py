@@ -22,14 +22,14 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ragteam.agents import decor as D  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
 from ragteam.io import write_json  # noqa: E402
 from ragteam.llm import LLMConfig, Team, call_seed, load_engine  # noqa: E402
 from ragteam.retrieval import open_retriever  # noqa: E402
-from ragteam.train.decor_adv import dynamic_sampling  # noqa: E402
+from ragteam.systems.decor import roles as D  # noqa: E402
 from ragteam.systems.decor import decor_system  # noqa: E402
+from ragteam.train.decor_adv import dynamic_sampling, role_returns  # noqa: E402
 
 
 def measure(episodes) -> dict:
@@ -42,7 +42,7 @@ def measure(episodes) -> dict:
         per_role[role] = {"calls": len(rc), "format_error_rate": round(sum(why.values()) / len(rc), 4) if rc else None,
                           "errors_cut_at_budget": cut, "reasons": dict(why.most_common(3))}
     groups = {e.question_id for e in episodes}
-    kept = {e.question_id for e in dynamic_sampling(episodes)}
+    kept = {e.question_id for e in dynamic_sampling(episodes, lambda e: role_returns(e, D.POLICY_ROLES))}
     clean = [e for e in episodes if not any(c.format_error for c in e.calls)]
     return {"calls": len(calls), "format_error_rate": round(sum(bool(c.format_error) for c in calls) / len(calls), 4),
             "per_role": per_role, "trajectories": len(episodes),

@@ -23,14 +23,14 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ragteam.agents import jade  # noqa: E402
-from ragteam.agents.jade_workflow import JadeConfig  # noqa: E402
 from ragteam.config import load_params, parse_section  # noqa: E402
 from ragteam.data.formats import load_qa  # noqa: E402
 from ragteam.eval.evaluate import SystemSpec, WorkflowConfigs, run_system, summarize  # noqa: E402
 from ragteam.llm import EnginePool, LLMConfig, Team  # noqa: E402
 from ragteam.records import Episode  # noqa: E402
 from ragteam.retrieval.base import Retriever  # noqa: E402
+from ragteam.systems.jade import roles as jade  # noqa: E402
+from ragteam.systems.jade.workflow import JadeConfig  # noqa: E402
 
 PARSERS = {jade.PLANNER: jade.parse_plan, jade.QR: jade.parse_rewrite, jade.QDS: jade.parse_subquestions,
            jade.QDP: jade.parse_subquestions, jade.DS: jade.parse_doc_ids, jade.AG: jade.parse_answer,

@@ -245,8 +245,8 @@ def test_guided_decoding_makes_the_base_model_write_its_roles_formats_and_only_v
     parses. The hf engine refuses a regex, and a trainer's rollouts refuse one on a trained role."""
     import json
 
-    from ragteam.agents import jade as J
-    from ragteam.agents import mask as M
+    from ragteam.systems.jade import roles as J
+    from ragteam.systems.mask import roles as M
     from ragteam.agents.core import FormatError
     from ragteam.systems import grammars
     from ragteam.llm.policy import Rollouts

@@ -1,6 +1,6 @@
-"""QAgent (Sec. 3): one plan-search-reflect agent (Table 5's loop, `ragteam.agents.qagent`, rolled out by
-`ragteam.agents.qagent_workflow.run_qagent`) feeding a frozen generator; trained by multi-turn GRPO in two stages
-(`ragteam.systems.qagent.train`: stage 1 Eq. 7, stage 2 Eq. 8-10, `ragteam.rewards.qagent`); its oracle player
+"""QAgent (Sec. 3): one plan-search-reflect agent (Table 5's loop, `ragteam.systems.qagent.roles`, rolled out by
+`ragteam.systems.qagent.workflow.run_qagent`) feeding a frozen generator; trained by multi-turn GRPO in two stages
+(`ragteam.systems.qagent.train`: stage 1 Eq. 7, stage 2 Eq. 8-10, `ragteam.systems.qagent.rewards`); its oracle player
 writes the agent's turns from the gold hops for the format warm-up.
 """
 from __future__ import annotations
@@ -9,18 +9,18 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ragteam.agents import qagent as Q
 from ragteam.agents.grammars import text
-from ragteam.agents.qagent_workflow import GENERATOR_ROLE, ROLE, QAgentConfig, agent_sampling, knowledge, run_qagent
 from ragteam.config import parse_section
 from ragteam.llm import Messages
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.qagent import qagent_reward_stage1, qagent_reward_stage2, qagent_rewards_stage1
 from ragteam.rewards.team import TeamReward
+from ragteam.systems.qagent import roles as Q
+from ragteam.systems.qagent.rewards import qagent_reward_stage1, qagent_reward_stage2, qagent_rewards_stage1
+from ragteam.systems.qagent.train import QAgentTrainParams, stage_ppo, train_qagent
+from ragteam.systems.qagent.workflow import GENERATOR_ROLE, ROLE, QAgentConfig, agent_sampling, knowledge, run_qagent
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.system import JointSystem
-from ragteam.systems.qagent.train import QAgentTrainParams, stage_ppo, train_qagent
 from ragteam.warmup.gold import Gold
 from ragteam.warmup.oracle import OracleSystem, hop_of_query, query_forms, visible_fact
 
@@ -97,7 +97,7 @@ GRAMMARS: dict[str, str] = {
 
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
-# Output forms: Table 5's loop (`ragteam.agents.qagent.QAGENT_PROMPT`): `<reflection>` after every <information>,
+# Output forms: Table 5's loop (`ragteam.systems.qagent.roles.QAGENT_PROMPT`): `<reflection>` after every <information>,
 # `<plan>` before every `<search>` of 1..max_queries `<query>` blocks, `<answer>` at the end; accepted by
 # `qagent.parse_turn`.
 
@@ -171,6 +171,7 @@ def qagent_oracle(params: dict[str, Any]) -> OracleSystem:
         run=lambda rows, team, retriever: run_qagent(rows, team, retriever, cfg, plugin=False, system="qagent"),
         annotate=qagent_rewards_stage1, incomplete=incomplete,
         parser=lambda role, m: qagent_parser(m, cfg.max_queries), sampling=lambda role, s: agent_sampling(s),
+        # module paths in `describe` are historical identifiers (pre-package), kept so that model hashes stay the same
         describe={"workflow": "ragteam.agents.qagent_workflow.run_qagent (end to end)", "reward": "Eq. 7",
                   "qagent": cfg.model_dump()})
 

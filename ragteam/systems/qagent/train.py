@@ -7,7 +7,7 @@ QAgent is a system adapter of the joint trainer (`ragteam.train.joint`), not a l
             frozen generator's G(q, K), the generator called inside the reward in one batched call per step,
             + hit_weight x Hit);
 - sample    one whole trajectory per episode (`trajectory_samples`): prompt ids, then every generated segment and
-            injected block tokenised by `qagent_workflow.trajectory_tokens`, whose loss mask is 0 on the
+            injected block tokenised by `workflow.trajectory_tokens`, whose loss mask is 0 on the
             <information> blocks and the retry text (Fig. 2: "the searched content tokens are masked"); a
             trajectory cut at `max_seq_len` keeps its place in its group's statistics but trains no token, and the
             step log's `truncated` is the share of such trajectories;
@@ -29,18 +29,18 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ragteam.agents.decor_workflow import DynamicSamplingConfig
-from ragteam.agents.qagent_workflow import QAgentConfig, ROLE, agent_calls, run_qagent, trajectory_tokens
 from ragteam.config import Strict
 from ragteam.llm import EngineConfig, SamplingConfig, Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.qagent import qagent_rewards_stage1, qagent_rewards_stage2
+from ragteam.systems.qagent.rewards import qagent_rewards_stage1, qagent_rewards_stage2
+from ragteam.systems.qagent.workflow import QAgentConfig, ROLE, agent_calls, run_qagent, trajectory_tokens
 from ragteam.train.checkpoints import TrainResult, save_agent
-from ragteam.train.joint.system import JointSystem
-from ragteam.train.joint.params import PPOParams
+from ragteam.train.decor_adv import DynamicSamplingConfig
 from ragteam.train.joint.batch import Sample
 from ragteam.train.joint.loop import train_joint_ppo
+from ragteam.train.joint.params import PPOParams
+from ragteam.train.joint.system import JointSystem
 
 Stage = Literal["stage1", "stage2"]
 
@@ -161,6 +161,7 @@ def qagent_system(cfg: QAgentConfig, tp: QAgentTrainParams, retriever: Retriever
         name="qagent", roles=(ROLE,),
         rollout=lambda rows, team: rollout_groups(rows, team, retriever, cfg, tp.group_size),
         annotate=annotate,
+        # module paths in `describe` are historical identifiers (pre-package), kept so that model hashes stay the same
         describe={"workflow": "ragteam.train.qagent.rollout_groups (run_qagent end to end)", "stage": stage,
                   "qagent": cfg.model_dump(), "group_size": tp.group_size, "max_seq_len": tp.max_seq_len,
                   "reward": ("Eq. 7 (ragteam.rewards.qagent.qagent_rewards_stage1)" if stage == "stage1" else

@@ -27,13 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ragteam.agents import decor
+import ragteam.systems.decor.roles as decor
 from ragteam.agents.core import FormatError
-from ragteam.agents.decor_workflow import JUDGE_ROLE, DecorConfig, DecorRewardConfig
-from ragteam.metrics import contains_answer, f1_score, normalize_answer
 from ragteam.llm import Messages, Team
+from ragteam.metrics import contains_answer, f1_score, normalize_answer
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit
+from ragteam.systems.decor.workflow import JUDGE_ROLE, DecorConfig, DecorRewardConfig
 
 GOLD_SEPARATOR = "@@@"
 

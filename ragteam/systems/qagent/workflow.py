@@ -31,7 +31,8 @@ from functools import partial
 
 from pydantic import Field
 
-from ragteam.agents import answer, maps, qagent
+import ragteam.systems.qagent.roles as qagent
+from ragteam.agents import answer, maps
 from ragteam.agents.core import QueryPool, add_to_pool, finish_episode, llm_step, new_episode, retrieve_step
 from ragteam.config import Strict
 from ragteam.llm import Messages, SamplingConfig, Team

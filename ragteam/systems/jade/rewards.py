@@ -7,7 +7,7 @@
 F1 is the project's (`ragteam.metrics`, FlashRAG normalisation, max over golden answers); a yes / no gold only
 matches exactly, which is what the official code gets by scoring yes / no questions with EM. T counts reasoning
 rounds (planner calls, the first round included) and N_ret the retrieval actions, both from
-`Episode.meta["workflow"]` as `ragteam.agents.jade_workflow` records them. 𝒩 divides by the "pre-defined maximum
+`Episode.meta["workflow"]` as `ragteam.systems.jade.workflow` records them. 𝒩 divides by the "pre-defined maximum
 limit" M (paper: 3) and clips at 1, since the paper scales the costs "to [0,1]". The official code charges
 α·min(T−1, 3)/3 (a single round is free); Eq. 6 as printed charges every round, and so does this module.
 The terminal step is the episode's last call (AS, or AG when the question was answered without decomposition);

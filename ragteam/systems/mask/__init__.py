@@ -1,8 +1,8 @@
 """M-ASK (Multi-Agent Search and Knowledge, §3): Planning, Search, Summary, Update and Answer on one shared policy,
-rolled out by `ragteam.agents.mask_workflow.run_mask` (prompts and parsers: `ragteam.agents.mask`), rewarded turn by
-turn (Eq. 2-3, `ragteam.rewards.mask`), trained by joint PPO with GAE within each call, or with `joint.mask.estimator:
-group` by each call's reward normalised within its question's rollouts; its oracle player writes every role's output
-from the gold hops for the format warm-up.
+rolled out by `ragteam.systems.mask.workflow.run_mask` (prompts and parsers: `ragteam.systems.mask.roles`), rewarded
+turn by turn (Eq. 2-3, `ragteam.systems.mask.rewards`), trained by joint PPO with GAE within each call, or with
+`joint.mask.estimator: group` by each call's reward normalised within its question's rollouts; its oracle player
+writes every role's output from the gold hops for the format warm-up.
 
 Credit (DESIGN: a call's return must rise with the quality of its own output): every call carries its own reward
 (Eq. 2-3). Summed over the episode (γ = λ = 1) the Answer call of turn t would return F1(a_t) + 3·(F1(a_{t+1}) −
@@ -18,16 +18,16 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ragteam.agents import mask as M
 from ragteam.agents.grammars import numbered_pairs, text
-from ragteam.agents.mask_workflow import MaskConfig, run_mask
 from ragteam.config import parse_section
 from ragteam.llm import Messages
 from ragteam.metrics import contains_answer, exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.mask import annotate_mask, annotate_mask_episode
 from ragteam.rewards.team import TeamReward
+from ragteam.systems.mask import roles as M
+from ragteam.systems.mask.rewards import annotate_mask, annotate_mask_episode
+from ragteam.systems.mask.workflow import MaskConfig, run_mask
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.params import GroupEstimatorParams
 from ragteam.train.joint.system import JointSystem
@@ -71,13 +71,14 @@ class MaskTrainParams(GroupEstimatorParams):
 
 
 def mask_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
-    """M-ASK: the five roles of `ragteam.agents.mask`, the Answer agent after every turn, turn-level rewards
+    """M-ASK: the five roles of `ragteam.systems.mask.roles`, the Answer agent after every turn, turn-level rewards
     (Eq. 2-3) minus `mask.format_penalty` per malformed call; GAE within each call (per-call rewards: see above), or
     with `joint.mask.estimator: group` each call's reward normalised over its question's G rollouts, no critic."""
     cfg = parse_section(params, "mask", MaskConfig)
     # joint.mask, when given (the stage always has it; a caller without it trains the paper's way)
     tp = (parse_section(params, "joint.mask", MaskTrainParams) if "mask" in (params.get("joint") or {})
           else MaskTrainParams())
+    # module paths in `describe` are historical identifiers (pre-package), kept so that model hashes stay the same
     describe = {"workflow": "ragteam.agents.mask_workflow.run_mask(training=True)", "mask": cfg.model_dump(),
                 "reward": "M-ASK Eq. 2-3 (ragteam.rewards.mask.annotate_mask_episode)"}
     annotate = lambda eps: annotate_mask(eps, cfg.format_penalty)  # noqa: E731
@@ -144,7 +145,8 @@ GRAMMARS: dict[str, str] = {
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
 # Output forms: the Planning / Search / Summary / Update / Answer formats of the paper's Appendix C prompts
-# (`ragteam.agents.mask`), as accepted by parse_plan, parse_search, parse_summary, parse_update, parse_final_answer.
+# (`ragteam.systems.mask.roles`), as accepted by parse_plan, parse_search, parse_summary, parse_update,
+# parse_final_answer.
 
 
 def _mask_history(text: str) -> list[tuple[str, str]]:
@@ -275,6 +277,7 @@ def mask_oracle(params: dict[str, Any]) -> OracleSystem:
         name="mask", roles=M.ROLES, replies=mask_replies,
         run=lambda rows, team, retriever: run_mask(rows, team, retriever, cfg, system="mask", training=True),
         annotate=lambda eps: annotate_mask(eps, cfg.format_penalty), incomplete=incomplete, parser=mask_parser,
+        # module paths in `describe` are historical identifiers (pre-package), kept so that model hashes stay the same
         describe={"workflow": "ragteam.agents.mask_workflow.run_mask(training=True)", "mask": cfg.model_dump()})
 
 

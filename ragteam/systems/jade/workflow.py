@@ -22,7 +22,7 @@ module each episode is at. Every LLM call is an AgentCall in its Episode, in exe
 LLM call: its ids go to the Episode (`queries`, `retrieved_ids`) and to the call whose output it searched with
 (QR, else the planner). Per question, `meta["workflow"]` counts rounds, retrievals, DS calls, plans, decomposing
 plans and whether the root was decomposed; `meta["trace"]` and `meta["plans"]` keep the trace and every plan.
-Fallbacks for malformed outputs are documented in `ragteam.agents.jade`.
+Fallbacks for malformed outputs are documented in `ragteam.systems.jade.roles`.
 """
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from ragteam.agents import jade
+import ragteam.systems.jade.roles as jade
 from ragteam.agents.core import FormatError, finish_episode, llm_step, new_episode, retrieve_step
 from ragteam.config import Strict
 from ragteam.llm import Messages, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.retrieval.base import Hit, Retriever
-from ragteam.rewards.jade import JadeRewardConfig
+from ragteam.systems.jade.rewards import JadeRewardConfig
 
 
 class JadeConfig(Strict):

@@ -291,8 +291,8 @@ def fallback_answerer(text: str) -> str:
 
 # ---- the longest outputs each role must be able to write (budgets: ragteam.agents.core, tests/test_budgets.py) ----
 # In the templates' layout (tags on their own lines), with one realistic sentence of reasoning in <think>; the LLM
-# judge (`decor.judge: llm`, role decor_workflow.JUDGE_ROLE) answers YES / NO (Appendix B, parsed by
-# ragteam.rewards.decor.parse_verdict). The frozen summarizer is not listed: it has no format to complete (any
+# judge (`decor.judge: llm`, role workflow.JUDGE_ROLE) answers YES / NO (Appendix B, parsed by
+# ragteam.systems.decor.rewards.parse_verdict). The frozen summarizer is not listed: it has no format to complete (any
 # non-empty paragraph parses), its budget bounds a summary by design.
 
 LONGEST_OUTPUTS: dict[str, tuple[str, ...]] = {

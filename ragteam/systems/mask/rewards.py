@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ragteam.agents import mask as M
+import ragteam.systems.mask.roles as M
 from ragteam.metrics import f1_score
 from ragteam.records import AgentCall, Episode
 

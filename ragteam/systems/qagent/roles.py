@@ -21,7 +21,7 @@ Not in the paper, designed here (see `fallback_turn`, `PROMPT_RETHINK`, `informa
   of all queries of the turn numbered in order (Eq. 5: the results of the sub-queries concatenated), closed by one
   newline where Search-R1 has two: a trailing `\\n\\n` tokenises as one token at the end of a prompt but as two
   before the agent's next `<reflection>`, a single `\\n` the same both ways (byte-level BPE pre-tokenisation), so
-  the ids the engine sees and the ids training uses agree (`qagent_workflow.trajectory_tokens`).
+  the ids the engine sees and the ids training uses agree (`workflow.trajectory_tokens`).
 - Fallbacks when a turn does not follow the format (the turn keeps its `format_error`, so the stage-1 format gate
   fails, and the workflow still acts as Algorithm 1 would):
   - neither a `<search>…</search>` nor an `<answer>…</answer>` block: the retry text (Algorithm 1's else branch);

@@ -1,6 +1,6 @@
 """DECOR (Sec. 4): Planner, Filter and Answerer on one shared policy, a frozen summarizer (and optionally an LLM
-judge); rolled out by `ragteam.agents.decor_workflow.run_decor` (prompts and parsers: `ragteam.agents.decor`),
-rewarded by Eq. 2-3 with the format gate (`ragteam.rewards.decor`), trained by multi-role GRPO: per-role group
+judge); rolled out by `ragteam.systems.decor.workflow.run_decor` (prompts and parsers: `ragteam.systems.decor.roles`),
+rewarded by Eq. 2-3 with the format gate (`ragteam.systems.decor.rewards`), trained by multi-role GRPO: per-role group
 advantages (Eq. 6, `ragteam.train.decor_adv`), no critic, dynamic sampling; its oracle player writes every role's
 output from the gold hops for the format warm-up (with the rule judge).
 """
@@ -11,16 +11,16 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from ragteam.agents import decor as D
 from ragteam.agents.grammars import NOT_A_PLACEHOLDER, text
-from ragteam.agents.decor_workflow import JUDGE_ROLE, DecorConfig, run_decor
 from ragteam.config import ParamsError, parse_section
 from ragteam.llm import Messages, Team
 from ragteam.metrics import exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.decor import RuleJudge, decor_rewards, make_judge, score_lj
 from ragteam.rewards.team import TeamReward
+from ragteam.systems.decor import roles as D
+from ragteam.systems.decor.rewards import RuleJudge, decor_rewards, make_judge, score_lj
+from ragteam.systems.decor.workflow import JUDGE_ROLE, DecorConfig, run_decor
 from ragteam.systems.spec import RowKind, System
 from ragteam.train.joint.params import JointSystemParams
 from ragteam.train.joint.system import JointSystem
@@ -37,7 +37,7 @@ def decor_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
     varies within it, and the trainer refills the step with further questions up to
     `decor.dynamic_sampling.max_rounds` rollouts. The loss is the shared one with `ratio_level: sequence`
     (Eq. 5; clip-higher through `clip_eps` / `clip_eps_high`)."""
-    from ragteam.train.decor_adv import decor_advantages, dynamic_sampling
+    from ragteam.train.decor_adv import decor_advantages, dynamic_sampling, role_returns
 
     cfg = parse_section(params, "decor", DecorConfig)
     last_team: dict[str, Team] = {}       # the step's Team: the LLM judge's `decor_judge` role is on it
@@ -58,9 +58,11 @@ def decor_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
         frozen[JUDGE_ROLE] = cfg.judge_model
     return JointSystem(
         name="decor", roles=D.POLICY_ROLES, rollout=rollout, annotate=annotate,
-        advantage=decor_advantages,
-        select=dynamic_sampling if ds.enabled else None, max_rollout_rounds=ds.max_rounds if ds.enabled else 1,
+        advantage=partial(decor_advantages, roles=D.POLICY_ROLES),
+        select=(partial(dynamic_sampling, returns_of=partial(role_returns, roles=D.POLICY_ROLES)) if ds.enabled
+                else None), max_rollout_rounds=ds.max_rounds if ds.enabled else 1,
         frozen_roles=frozen, requires={"ratio_level": "sequence", "normalize_advantages": False},
+        # module paths in `describe` are historical identifiers (pre-package), kept so that model hashes stay the same
         describe={"workflow": "ragteam.agents.decor_workflow.run_decor(truncate_on_format_error=True)",
                   "decor": cfg.model_dump(), "advantage": "ragteam.train.decor_adv.decor_advantages (Eq. 6)",
                   "dynamic_sampling": ("ragteam.train.decor_adv.dynamic_sampling (some role's return varies in the "
@@ -110,7 +112,7 @@ GRAMMARS: dict[str, str] = {
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
 # Output forms: Appendix A's `<think>...</think>` then one `<search>` / `<filter>` / `<answer>` block, the tags on
-# their own lines as the templates lay them out (`ragteam.agents.decor.parse_blocks`). Strategy:
+# their own lines as the templates lay them out (`ragteam.systems.decor.roles.parse_blocks`). Strategy:
 # - Planner: the first hop whose fact sentence the memory's evidence does not hold, by its sub-question (an entity
 #   found by an earlier hop is in that evidence); `None` once every fact is there;
 # - Filter: the fact sentences of the hops that the (clipped) results show, and of every other supporting passage
@@ -201,6 +203,7 @@ def decor_oracle(params: dict[str, Any]) -> OracleSystem:
         annotate=lambda eps: decor_rewards(eps, RuleJudge(), cfg.reward), incomplete=incomplete,
         parser=lambda role, m: {D.PLANNER: D.parse_planner, D.FILTER: D.parse_filter, D.ANSWERER: D.parse_answerer,
                                 D.SUMMARIZER: D.parse_summary}[role],
+        # module paths in `describe` are historical identifiers (pre-package), kept so that model hashes stay the same
         describe={"workflow": "ragteam.agents.decor_workflow.run_decor (training mode, one rollout per question)",
                   "reward": "DECOR Eq. 2-3 with the rule judge", "decor": cfg.model_dump()})
 

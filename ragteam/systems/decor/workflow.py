@@ -16,7 +16,7 @@ every past query), never raw passages; the Answerer sees only the question and M
 
 Format errors: with `truncate_on_format_error` (training rollouts, Sec. 4.3) a malformed Planner / Filter /
 Answerer output ends its episode at once (no further calls, no answer); the reward's format gate then gives -1.
-Without it (evaluation; the paper does not say what inference does) the role's fallback in `ragteam.agents.decor`
+Without it (evaluation; the paper does not say what inference does) the role's fallback in `ragteam.systems.decor.roles`
 applies and the episode goes on. A summarizer failure never truncates (it is not the policy): the memory is kept.
 
 Unstated in the paper and chosen here: the whole of M_{t-1} is summarised (Alg. 1 line 14; the text says "earliest
@@ -30,12 +30,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from ragteam.agents import decor
+import ragteam.systems.decor.roles as decor
 from ragteam.agents.core import finish_episode, llm_step, new_episode, retrieve_step
 from ragteam.config import Strict
 from ragteam.llm import Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
+from ragteam.train.decor_adv import DynamicSamplingConfig
 
 
 class DecorRewardConfig(Strict):
@@ -49,17 +50,6 @@ class DecorRewardConfig(Strict):
     @property
     def beta_value(self) -> float:
         return 1.0 - self.alpha if self.beta is None else self.beta
-
-
-class DynamicSamplingConfig(Strict):
-    """DAPO-style dynamic sampling (Sec. 4.4): train on a question's group of G trajectories only when some role's
-    return varies within it (`ragteam.train.decor_adv.keep_group`: otherwise every Eq. 6 advantage is 0), and
-    refill the step with further questions until `joint.decor.ppo.questions_per_step` groups are kept or
-    `max_rounds` rollouts have run (`ragteam.train.joint.batch._select_with_refill`)."""
-
-    enabled: bool = True
-    max_rounds: int = Field(10, ge=1)   # rollouts per step, the first included (DAPO recipe's max_num_gen_batches
-                                        # 10); 1: no refill
 
 
 class DecorConfig(Strict):

@@ -24,7 +24,7 @@ module whose output no later module reads.
 
 Parsers are pure and lenient about text around the tags (the first tagged block counts); a missing or unclosed
 tag, an empty value or a rule broken inside the tag is a `FormatError`. Each is a format violation in the sense of
-Eq. 7 (penalised by `ragteam.rewards.jade`), and the workflow applies the role's fallback:
+Eq. 7 (penalised by `ragteam.systems.jade.rewards`), and the workflow applies the role's fallback:
 - Planner: the solving plan `R,AG` (retrieve with the node's question, answer). The official code falls back to
   `QDS` at the root and `R,AG` below it; one plan for every node keeps a bad plan from growing the trace.
 - QR: the node's question unchanged (as the search query, or as the node's question before planning).

@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ragteam.agents.core import clip_words
-from ragteam.agents.qagent_workflow import agent_calls, generator_step, knowledge
-from ragteam.metrics import contains_answer, exact_match
 from ragteam.llm import Team
+from ragteam.metrics import contains_answer, exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Hit
+from ragteam.systems.qagent.workflow import agent_calls, generator_step, knowledge
 
 
 def format_ok(ep: Episode) -> bool:

@@ -1,8 +1,8 @@
 """JADE (§3, Algorithms 1-2): a planner and six LLM executors (QR, QDS, QDP, DS, AG, AS) over a retriever, on one
-shared policy; rolled out by Algorithm 1 (`ragteam.agents.jade_workflow.run_jade`; prompts and parsers:
-`ragteam.agents.jade`), rewarded by Eq. 6-8 (`ragteam.rewards.jade`), trained by joint PPO with GAE over each episode's
-flattened calls, or with `joint.jade.estimator: group` by GRPO's outcome advantage; its oracle player writes every
-role's output from the gold hops for the format warm-up.
+shared policy; rolled out by Algorithm 1 (`ragteam.systems.jade.workflow.run_jade`; prompts and parsers:
+`ragteam.systems.jade.roles`), rewarded by Eq. 6-8 (`ragteam.systems.jade.rewards`), trained by joint PPO with GAE
+over each episode's flattened calls, or with `joint.jade.estimator: group` by GRPO's outcome advantage; its oracle
+player writes every role's output from the gold hops for the format warm-up.
 
 Credit: R_global (Eq. 6) sits on the terminal call alone; only GAE over the flattened calls (Alg. 2) carries it back,
 through the critic, to the planner and executors that produced it (`gae_scope="episode"`). `joint.jade.estimator:
@@ -17,18 +17,18 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from ragteam.agents import jade as J
 from ragteam.agents.grammars import numbered_questions, text
-from ragteam.agents.decor_workflow import DynamicSamplingConfig
-from ragteam.agents.jade_workflow import JadeConfig, run_jade
 from ragteam.config import parse_section
 from ragteam.llm import Messages
 from ragteam.metrics import exact_match
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.rewards.jade import assign_rewards
 from ragteam.rewards.team import TeamReward, episode_return
+from ragteam.systems.jade import roles as J
+from ragteam.systems.jade.rewards import assign_rewards
+from ragteam.systems.jade.workflow import JadeConfig, run_jade
 from ragteam.systems.spec import RowKind, System
+from ragteam.train.decor_adv import DynamicSamplingConfig
 from ragteam.train.joint.params import GroupEstimatorParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.gold import Gold
@@ -78,10 +78,10 @@ def jade_group_advantages(episodes: Sequence[Episode]) -> list[list[float | None
 
 
 def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
-    """JADE (§3.4, Algorithm 2): the planner and the six LLM executors of `ragteam.agents.jade`, rolled out with
-    Algorithm 1 (`run_jade`: JADE's training rollout is its inference procedure), rewarded by Eq. 6-8
-    (`ragteam.rewards.jade.assign_rewards`: R_global on the terminal call, −`jade.reward.format_penalty` on every
-    malformed call). GAE runs over each episode's flattened call sequence (`gae_scope="episode"`), so the round-1
+    """JADE (§3.4, Algorithm 2): the planner and the six LLM executors of `ragteam.systems.jade.roles`, rolled out
+    with Algorithm 1 (`run_jade`: JADE's training rollout is its inference procedure), rewarded by Eq. 6-8
+    (`ragteam.systems.jade.rewards.assign_rewards`: R_global on the terminal call, −`jade.reward.format_penalty` on
+    every malformed call). GAE runs over each episode's flattened call sequence (`gae_scope="episode"`), so the round-1
     planner is credited with the terminal reward through the critic. The Eq. 7 format penalties sit on the malformed
     calls themselves, yet the same episode GAE also charges each one (discounted by γλ) to every earlier call of the
     episode: this follows Algorithm 2's GAE over the flattened calls, not a per-call credit."""
@@ -97,6 +97,7 @@ def jade_system(params: dict[str, Any], retriever: Retriever) -> JointSystem:
             assign_rewards(ep, cfg.reward)
         return episodes
 
+    # module paths in `describe` are historical identifiers (pre-package), kept so that model hashes stay the same
     describe = {"workflow": "ragteam.agents.jade_workflow.run_jade", "jade": cfg.model_dump(),
                 "reward": "JADE Eq. 6-8 (ragteam.rewards.jade.assign_rewards)"}
     if tp.estimator == "gae":
@@ -158,7 +159,7 @@ GRAMMARS: dict[str, str] = {
 
 
 # ---- the warm-up's oracle player ----------------------------------------------------------------------------------
-# Output forms: Appendix E's tags (`ragteam.agents.jade`), accepted by parse_plan, parse_rewrite,
+# Output forms: Appendix E's tags (`ragteam.systems.jade.roles`), accepted by parse_plan, parse_rewrite,
 # parse_subquestions, parse_doc_ids, parse_answer. The oracle's strategy, per node of Algorithm 1's trace:
 # - the root of a one-hop question: the solving plan `R, DS, AG`; of hops where one names another's entity (a chain,
 #   or a comparison of two chains): `QDS` into one sub-question per hop, an entity found by an earlier hop written
@@ -295,6 +296,7 @@ def jade_oracle(params: dict[str, Any]) -> OracleSystem:
         name="jade", roles=J.ROLES, replies=jade_replies,
         run=lambda rows, team, retriever: run_jade(rows, team, retriever, cfg, system="jade"),
         annotate=annotate, incomplete=incomplete, parser=jade_parser,
+        # module paths in `describe` are historical identifiers (pre-package), kept so that model hashes stay the same
         describe={"workflow": "ragteam.agents.jade_workflow.run_jade (Algorithm 1, the rollouts' procedure)",
                   "reward": "JADE Eq. 6-8", "jade": cfg.model_dump()})
 

@@ -15,7 +15,7 @@ and, for Planning / Answer, `meta["answer"]` (the a_t the turn-level rewards sco
 `end`; the episode records `meta.workflow.turns`, `.searches` and `stop_reason` (`end` | `max_turns`), the final K in
 `meta["knowledge"]`, and `meta["answered_every_turn"]` (training mode or `answer_every_turn`: the episode has the a_t
 of every turn, so its turn-level rewards are defined; the final answer is the same either way, the Answer call on the
-last K). Malformed outputs follow the fallbacks documented in `ragteam.agents.mask`.
+last K). Malformed outputs follow the fallbacks documented in `ragteam.systems.mask.roles`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ragteam.agents import mask as M
+import ragteam.systems.mask.roles as M
 from ragteam.agents.core import finish_episode, llm_step, new_episode, retrieve_step
 from ragteam.config import Strict
 from ragteam.llm import Team
