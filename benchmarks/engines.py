@@ -150,7 +150,7 @@ def _joint(params: dict, retriever, pool: Path, n: int):
     from ragteam.config import parse_section
     from ragteam.llm import LLMConfig
     from ragteam.llm.policy import Rollouts, policy_engine
-    from ragteam.systems import build_joint
+    from ragteam.systems.registry import build_joint
     from ragteam.systems.params import load_joint
 
     ppo, _, _ = load_joint(params, "mask")

@@ -33,7 +33,7 @@ def probe_once(name: str, params: dict, cache: int) -> tuple[float, list[list[st
     from ragteam.data.formats import iter_qa
     from ragteam.llm import LLMConfig
     from ragteam.retrieval import open_retriever
-    from ragteam.systems import oracle_system
+    from ragteam.systems.registry import oracle_system
     from ragteam.warmup.sft import RolloutProbe, WarmupParams, heldout_questions
     from ragteam.warmup.traces import read_traces
     from stages.oracle_traces import CORPUS, POOL, TRACES

@@ -383,7 +383,7 @@ def ask(
     """Answer QUESTIONS with one configured system (MAPS by default): answers, rounds, cost, optionally every call."""
     from ragteam.config import ParamsError, load_params, parse_section
     from ragteam.eval.evaluate import EvalConfig, WorkflowConfigs, make_team, row_kind, run_system
-    from ragteam.systems import frozen_role_models
+    from ragteam.systems.registry import frozen_role_models
     from ragteam.systems.maps import SYSTEM as MAPS
     from ragteam.io import DataError
     from ragteam.llm import EnginePool, LLMConfig
@@ -431,7 +431,7 @@ def ask(
 
 @app.command("oracle-traces")
 def oracle_traces(
-    system: str = typer.Argument(..., help="a joint system with an oracle (ragteam.systems.REGISTRY)"),
+    system: str = typer.Argument(..., help="a joint system with an oracle (ragteam.systems.registry.REGISTRY)"),
     pool: Path = typer.Option(Path("data/prepared/train/pool.jsonl"), help="training pool (FlashRAG QA rows)"),
     corpus: Path = typer.Option(Path("data/prepared/corpus.jsonl"), help="corpus JSONL (the gold passages)"),
     index: Optional[str] = typer.Option(None, help="index dir or http(s) service (default: joint.retriever)"),
@@ -447,7 +447,7 @@ def oracle_traces(
 
     from ragteam.config import load_params
     from ragteam.retrieval import open_retriever
-    from ragteam.systems import oracle_system
+    from ragteam.systems.registry import oracle_system
     from ragteam.warmup.traces import write_system_traces
 
     try:

@@ -45,7 +45,7 @@ def _model(ref: str) -> type | None:
 
 def system_sections() -> dict[str, type]:
     """params.yaml section -> the model its system parses it with, for every registered system that has one."""
-    from ragteam.systems import config_sections
+    from ragteam.systems.registry import config_sections
 
     return config_sections()
 
@@ -61,7 +61,7 @@ def check_params(params: dict[str, Any], source: str = "params.yaml") -> None:
             parse_section(params, section, model, source)
     if "joint" not in params:
         return
-    from ragteam.systems import joint_names
+    from ragteam.systems.registry import joint_names
     from ragteam.systems.params import load_joint
 
     systems = (params["joint"] or {}).get("systems") or []

@@ -16,7 +16,7 @@ PROFILE_DIR = Path("profiles")
 def open_mappings() -> tuple[str, ...]:
     """The mappings whose entries the user names (the comment above): the joint systems' and the warmed-up systems'
     from the registry (`ragteam.systems`)."""
-    from ragteam.systems import joint_names, oracle_names
+    from ragteam.systems.registry import joint_names, oracle_names
 
     return ("eval.systems", "llm.sampling", *(f"joint.{n}.ppo" for n in joint_names()),
             *(f"warmup.systems.{n}" for n in oracle_names()))

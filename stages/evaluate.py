@@ -28,7 +28,7 @@ from ragteam.eval.report import (order_benchmarks, plot_cost_accuracy, plot_scor
 from ragteam.environment import environment_line, run_record
 from ragteam.io import DataError, atomic_dir, atomic_file, compared_numbers, summary_path, write_json
 from ragteam.llm import EngineDead, EnginePool, LLMConfig
-from ragteam.systems import frozen_role_models, report_context
+from ragteam.systems.registry import frozen_role_models, report_context
 from ragteam.llm.environment import ensure_engine_environment
 from ragteam.records import write_episodes
 

@@ -29,7 +29,7 @@ def run(system_name: str, params: dict) -> dict:
     from transformers import AutoTokenizer
 
     from ragteam.retrieval import open_retriever
-    from ragteam.systems import oracle_system
+    from ragteam.systems.registry import oracle_system
     from ragteam.warmup.traces import write_system_traces
 
     questions = (params.get("warmup") or {}).get("questions")   # the whole section is warmup_joint's (WarmupParams)

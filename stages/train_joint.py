@@ -83,7 +83,7 @@ def panels(roles: Sequence[str], critic: bool, stats: Sequence[str] = ()) -> lis
 
 def run(system_name: str, params: dict) -> dict:
     from ragteam.retrieval import open_retriever
-    from ragteam.systems import joint_system
+    from ragteam.systems.registry import joint_system
 
     spec = joint_system(system_name)
     if spec.stages:
@@ -162,7 +162,7 @@ def run_staged(system_name: str, params: dict) -> dict:
     calls it."""
     from ragteam.llm import EnginePool, Team
     from ragteam.retrieval import open_retriever
-    from ragteam.systems import joint_system
+    from ragteam.systems.registry import joint_system
 
     spec = joint_system(system_name)
     stage = f"train_joint_{system_name}"

@@ -42,7 +42,7 @@ def curve(history: list[dict]) -> list[dict]:
 
 
 def run(system_name: str, params: dict) -> dict[str, Any]:
-    from ragteam.systems import oracle_system
+    from ragteam.systems.registry import oracle_system
     from ragteam.warmup.traces import read_traces
 
     wp = parse_section(params, "warmup", WarmupSection).for_system(system_name)

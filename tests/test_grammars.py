@@ -15,7 +15,7 @@ from ragteam.agents.core import FormatError
 from ragteam.config import ParamsError, load_params, parse_section
 from ragteam.eval.evaluate import EvalConfig, SystemSpec, comparison_pairs, make_team
 from ragteam.llm import EngineConfig, LLMConfig, SamplingConfig
-from ragteam.systems import grammar_sampling, grammars
+from ragteam.systems.registry import grammar_sampling, grammars
 from ragteam.systems.decor import roles as D
 from ragteam.systems.jade import roles as J
 from ragteam.systems.mask import roles as M

@@ -16,7 +16,7 @@ from ragteam.data import synthetic
 from ragteam.io import DataError, write_jsonl
 from ragteam.llm import LLMConfig, SamplingConfig, chat_text
 from ragteam.profiles import load_profile
-from ragteam.systems import oracle_system
+from ragteam.systems.registry import oracle_system
 from ragteam.systems.mask import roles as M
 from ragteam.systems.qagent import roles as Q
 from ragteam.systems.qagent.workflow import agent_calls
@@ -404,7 +404,7 @@ def test_every_oracle_output_matches_its_roles_grammar(mask_built, qagent_built,
     answer."""
     import re
 
-    from ragteam.systems import grammars
+    from ragteam.systems.registry import grammars
 
     GRAMMARS = grammars()
     misses, seen = [], Counter()

@@ -17,7 +17,7 @@ from ragteam.io import write_jsonl
 from ragteam.llm import Completion, EngineConfig, EnginePool, LLMConfig, Team
 from ragteam.records import AgentCall, Episode
 from ragteam.rewards.team import set_team_rewards as set_rewards
-from ragteam.systems import team_reward
+from ragteam.systems.registry import team_reward
 from ragteam.systems.decor import roles as decor
 from ragteam.systems.decor.rewards import Judgement, assign_rewards as assign_decor
 from ragteam.systems.decor.workflow import DecorRewardConfig

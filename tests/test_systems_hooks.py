@@ -7,8 +7,8 @@ import pytest
 
 from ragteam.eval.evaluate import EvalConfig, SystemSpec, WorkflowConfigs, comparison_pairs
 from ragteam.records import Episode
-from ragteam.systems import (REGISTRY, agent_roles, config_sections, frozen_role_models, lj_judge,
-                             report_context)
+from ragteam.systems.registry import (REGISTRY, agent_roles, config_sections, frozen_role_models, lj_judge,
+                                      report_context)
 
 
 def test_eval_agents_takes_the_registered_trained_roles_and_names_the_known_on_a_typo():
@@ -72,3 +72,9 @@ def test_derived_pairs_come_from_the_row_kinds():
     renamed = {"rag": systems["standard_rag"], "native": systems["native"]}
     assert comparison_pairs(renamed) == []
     assert REGISTRY["standard_rag"].rows["standard_rag"].compared_with == "native"
+
+
+def test_a_section_reads_the_same_whether_a_field_or_not():
+    cfgs = WorkflowConfigs.from_params({"jade": {"top_k": 7}})
+    assert cfgs.section("jade").top_k == 7 and cfgs.section("jade") is cfgs.jade
+    assert cfgs.section("no_such_system", "default") == "default"

@@ -1,5 +1,5 @@
 """The proof of "one system, one module" (issue 72): a sixth system, defined in this one file (its prompts, parsers,
-workflow, reward, credit and oracle player), registered in `ragteam.systems.REGISTRY`, runs through the real stage
+workflow, reward, credit and oracle player), registered in `ragteam.systems.registry.REGISTRY`, runs through the real stage
 code: its oracle traces (`stages.oracle_traces`), a warm-up of a few SFT steps on them (`stages.warmup_joint`) and
 one RL step (`stages.train_joint`), then an evaluate row of its base and trained team (`stages.evaluate`),
 touching no other module of the library. docs/adding-a-system.md walks through
@@ -23,7 +23,7 @@ from ragteam.agents.core import FormatError, clip_words, finish_episode, llm_ste
 from ragteam.config import Strict, load_params, parse_section
 from ragteam.metrics import exact_match, f1_score
 from ragteam.records import Episode
-from ragteam.systems import REGISTRY, RowKind, System, oracle_system, register
+from ragteam.systems.registry import REGISTRY, RowKind, System, oracle_system, register
 from ragteam.train.joint.params import JointSystemParams
 from ragteam.train.joint.system import JointSystem
 from ragteam.warmup.oracle import OracleSystem, user_text, visible_fact
@@ -139,8 +139,8 @@ def toy_oracle(params: dict) -> OracleSystem:
 # ---- its evaluation row -----------------------------------------------------------------------------------------------
 
 def toy_row(rows, team, retriever, cfgs, spec, name) -> list[Episode]:
-    """An evaluate row of the toy: its workflow under its own section (`WorkflowConfigs.sections`)."""
-    return run_toy(rows, team, retriever, cfgs.sections.get(NAME, ToyConfig()), system=name)
+    """An evaluate row of the toy: its workflow under its own section (`WorkflowConfigs.section`)."""
+    return run_toy(rows, team, retriever, cfgs.section(NAME, ToyConfig()), system=name)
 
 
 TOY = System(name=NAME, section=NAME, config=ToyConfig, train_params=JointSystemParams, joint=toy_joint,
@@ -217,7 +217,7 @@ def test_a_system_defined_in_one_file_traces_warms_up_and_trains_through_the_sta
     ev = EvalConfig(benchmarks=["synthetic"], n_questions=2,
                     systems={NAME: {"workflow": NAME}, trained: {"workflow": NAME, "model": f"models/agents/{NAME}"}})
     cfgs = WorkflowConfigs.from_params(params)
-    assert cfgs.sections[NAME].passage_words == 60
+    assert cfgs.section(NAME).passage_words == 60
     scored = evaluate.run(parse_section(params, "llm", LLMConfig), cfgs, ev,
                           benchmarks=tmp_path / "data/prepared/benchmarks", results=tmp_path / "results/eval",
                           report=tmp_path / "reports/eval.md", figures=tmp_path / "figures",

@@ -348,7 +348,7 @@ def _mask_group_rollouts(turn1_answer: str):
     """One question, 2 rollouts (the group): a_0 = Paris, turn 2 and the final answer Xville, as above; turn 1's
     answer a_1 is Xville in the first rollout and `turn1_answer` in the second (the prompts are equal, so the
     scripted engine alternates by call)."""
-    from ragteam.systems import build_joint
+    from ragteam.systems.registry import build_joint
 
     seen = iter(range(10_000))
 
@@ -404,7 +404,7 @@ def test_mask_group_estimator_on_degenerate_outputs():
 
 
 def _garbled_pair():
-    from ragteam.systems import build_joint
+    from ragteam.systems.registry import build_joint
 
     system = build_joint("mask", MASK_GROUP, KeywordRetriever(PASSAGES))
     rows = [{"id": "g", "question": "garbled question about Xland?", "golden_answers": ["Xville"]}]
@@ -414,7 +414,7 @@ def _garbled_pair():
 
 def test_mask_group_estimator_params_and_rollouts():
     from ragteam.config import ParamsError
-    from ragteam.systems import build_joint
+    from ragteam.systems.registry import build_joint
 
     eps, system, _ = _garbled_pair()
     assert [ep.question_id for ep in eps] == ["g", "g"]          # G = 2 consecutive rollouts of the one question
@@ -429,7 +429,7 @@ def test_mask_group_estimator_params_and_rollouts():
 
 
 def test_one_mask_group_step_trains_without_a_critic(tmp_path, tiny_llama):
-    from ragteam.systems import build_joint
+    from ragteam.systems.registry import build_joint
 
     retr = KeywordRetriever([("Xland", "Xville is the capital of Xland."), ("Yland", "Yville is in Yland.")])
     system = build_joint("mask", {"mask": {"max_turns": 1, "top_k": 1, "passage_words": 8},

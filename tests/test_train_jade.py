@@ -13,7 +13,7 @@ from test_agents_jade import CASE1_Q, CASE2_Q, PASSAGES, REWRITE2, case_reply, c
 
 from ragteam.config import deep_merge
 from ragteam.llm import Team
-from ragteam.systems import build_joint
+from ragteam.systems.registry import build_joint
 from ragteam.systems.jade import roles as jade
 from ragteam.systems.jade import REWARD_TEXT
 

@@ -12,7 +12,7 @@ from ragteam.config import load_params
 from ragteam.eval.evaluate import SystemSpec, comparison_pairs, make_team
 from ragteam.io import DataError
 from ragteam.llm import EngineConfig, SamplingConfig, chat_text
-from ragteam.systems import oracle_system
+from ragteam.systems.registry import oracle_system
 from ragteam.systems.decor import roles as D
 from ragteam.warmup.sft import FormatProbe, WarmupParams, per_role, sft_ids, split_heldout, tokenized_rows
 from ragteam.warmup.start import WARMUP_OFF, start_model

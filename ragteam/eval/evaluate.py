@@ -3,7 +3,7 @@
 Scores are FlashRAG's (`ragteam.metrics`): EM, F1 and accuracy (gold contained in the prediction), each the
 max over the golden answers; summaries report them in percent, like MAPS Table 1. DECOR systems (and every system
 with `eval.lj: all`) also get LJ, DECOR's judged answer equivalence, from the judge of `decor.judge` (the registry's
-one LJ judge, `ragteam.systems.lj_judge`). Cost is per
+one LJ judge, `ragteam.systems.registry.lj_judge`). Cost is per
 question: LLM calls, prompt and completion tokens, retrieval calls and wall seconds (see `ragteam.agents.core`); the
 judge's calls are not part of a system's cost.
 
@@ -33,7 +33,7 @@ from ragteam.metrics import answer_metrics, has_answer
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
 from ragteam.rewards.team import set_team_rewards
-from ragteam.systems import agent_roles, config_sections, lj_judge, row_kinds as system_row_kinds, team_reward
+from ragteam.systems.registry import agent_roles, config_sections, lj_judge, row_kinds as system_row_kinds, team_reward
 from ragteam.systems.spec import RowKind
 
 
@@ -103,7 +103,7 @@ class SystemSpec(Strict):
 
     @model_validator(mode="after")
     def _grammar_has_a_table(self):
-        from ragteam.systems import grammars
+        from ragteam.systems.registry import grammars
 
         if self.grammar and self.workflow not in grammars():
             raise ValueError(f"grammar: true needs output grammars for workflow {self.workflow!r}; there are some "
@@ -208,7 +208,7 @@ def make_team(engines: EnginePool, spec: SystemSpec, agents: Mapping[str, str], 
     models = {role: start_model(path, base_model) if (Path(path) / WARMUP_OFF).is_file() else path
               for role, path in role_models(spec, agents).items()}
     if spec.grammar:
-        from ragteam.systems import grammar_sampling
+        from ragteam.systems.registry import grammar_sampling
 
         sampling = grammar_sampling(spec.workflow, sampling)
     return engines.team({**(frozen_roles or {}), **models}, base_model, sampling)
@@ -240,6 +240,13 @@ class _WorkflowConfigs(Strict):
         if params.get("joint"):
             fields["joint"] = dict(params["joint"])
         return cls(**fields, **({"baselines": baselines} if baselines is not None else {}))
+
+    def section(self, name: str, default: Any = None) -> Any:
+        """System section `name`'s params, whether it is a field (registered when this model was built) or in
+        `sections` (registered later); `default` where params.yaml has none."""
+        if name in type(self).model_fields and name not in _OWN:
+            return getattr(self, name)
+        return self.sections.get(name, default)
 
 
 _OWN = ("baselines", "joint", "sections")

@@ -10,7 +10,7 @@ from ragteam.eval.evaluate import SystemSpec, WorkflowConfigs, has_team_reward, 
 from ragteam.llm import Team
 from ragteam.records import Episode
 from ragteam.retrieval.base import Retriever
-from ragteam.systems import REGISTRY
+from ragteam.systems.registry import REGISTRY
 from ragteam.train.probe import PREFIX
 
 

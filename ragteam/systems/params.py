@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 
 from ragteam.config import ParamsError, Strict, deep_merge, parse_section
-from ragteam.systems import REGISTRY
+from ragteam.systems.registry import REGISTRY
 from ragteam.train.joint.params import PPOParams
 from ragteam.train.probe import ProbeParams
 

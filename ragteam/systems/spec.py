@@ -1,5 +1,5 @@
 """`System`: everything one system is, as one object the stages, the joint trainer, the warm-up, evaluation and
-params_check read from `ragteam.systems.REGISTRY` (issue 72). A system's module builds one and the registry lists
+params_check read from `ragteam.systems.registry.REGISTRY` (issue 72). A system's module builds one and the registry lists
 it; no module outside the system's own decides anything by its name.
 
 The trainer and the warm-up sit below the systems (tests/test_layering.py): they take what a system hands them

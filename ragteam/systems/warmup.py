@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from ragteam.systems import oracle_names
+from ragteam.systems.registry import oracle_names
 from ragteam.warmup.sft import WarmupParams
 
 

@@ -14,7 +14,7 @@ question, so in a batch the gold of a Summary prompt could not be told from the 
 every prompt of the run belongs to the one gold chain the engine holds. (The prompts do not depend on the batch.)
 
 Each system's module (`ragteam.systems.<system>`) builds its own `OracleSystem`: its role replies, its workflow,
-its reward and what makes an episode a complete trace; the stages look it up in `ragteam.systems.REGISTRY` and pass
+its reward and what makes an episode a complete trace; the stages look it up in `ragteam.systems.registry.REGISTRY` and pass
 it to `ragteam.warmup.traces` and `ragteam.warmup.sft`, which never name a system.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The lock's `train_joint@mask`, `@jade` and `@decor` curves show episode F1 0 at every step: the rollouts, sampled at
 `joint.ppo.temperature` 1.0 from the warm-up's policy, never answered a training question right, so the only reward
 that varied was the format penalty, and RL could only learn formats. This rolls a system's start policy (its
-warm-up model) out exactly as `train_joint@<system>` does (`ragteam.systems.build_joint`: the training-mode
+warm-up model) out exactly as `train_joint@<system>` does (`ragteam.systems.registry.build_joint`: the training-mode
 workflow, the system's own rewards, frozen roles on the backbone) on the first n training questions, each `--repeat`
 times (a system with its own groups, DECOR, samples its G itself), at several temperatures, and reports per
 temperature: the share of episodes whose final answer scores F1 > 0, the mean episode F1, the mean call reward, the
@@ -31,7 +31,7 @@ from ragteam.metrics import f1_score  # noqa: E402
 from ragteam.io import write_json  # noqa: E402
 from ragteam.llm import LLMConfig, Team, call_seed, load_engine  # noqa: E402
 from ragteam.retrieval import open_retriever  # noqa: E402
-from ragteam.systems import build_joint  # noqa: E402
+from ragteam.systems.registry import build_joint  # noqa: E402
 
 
 def measure(episodes, roles) -> dict:

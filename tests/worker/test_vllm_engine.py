@@ -248,7 +248,7 @@ def test_guided_decoding_makes_the_base_model_write_its_roles_formats_and_only_v
     from ragteam.systems.jade import roles as J
     from ragteam.systems.mask import roles as M
     from ragteam.agents.core import FormatError
-    from ragteam.systems import grammars
+    from ragteam.systems.registry import grammars
     from ragteam.llm.policy import Rollouts
 
     questions = [json.loads(line)["question"] for line in
