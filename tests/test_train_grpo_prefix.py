@@ -267,3 +267,22 @@ def test_engine_rollout_params_are_checked():
         GRPOParams(steps=1, prompts_per_step=1, num_generations=2, micro_batch_size=2, lr=1e-3,
                    max_completion_length=4, save_steps=1, trainer="shared_prefix", rollout_is_cap=2.0)
 
+
+
+def test_the_on_policy_surrogate_is_the_policy_gradient_bit_for_bit():
+    """The shared-prefix trainer's loss is pg.py's clipped surrogate with old = the policy itself (detached): r = 1,
+    nothing clipped, and each token's gradient is exactly -A (× w_t) where the mask holds, as -A·log π gives."""
+    import torch
+
+    from ragteam.train.pg import surrogate
+
+    torch.manual_seed(0)
+    logp = torch.randn(3, 5, requires_grad=True)
+    mask = torch.rand(3, 5) > 0.3
+    adv, isw = torch.tensor([1.0, -2.0, 0.5]), torch.rand(3, 5)
+    per_token, stats = surrogate(logp, logp.detach(), adv[:, None], mask, is_weights=isw)
+    (per_token * mask).sum().backward()
+    assert torch.equal(logp.grad, -adv[:, None] * mask * isw) and stats["clip_frac"] == 0.0
+    plain = logp.detach().clone().requires_grad_(True)
+    ((-adv[:, None] * plain * isw) * mask).sum().backward()
+    assert torch.equal(logp.grad, plain.grad)

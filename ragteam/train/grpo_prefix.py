@@ -149,7 +149,7 @@ def train_grpo_shared_prefix(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
-    from ragteam.train.pg import kl_k3, truncated_is_weights
+    from ragteam.train.pg import kl_k3, surrogate, truncated_is_weights
 
     rows = validate_samples(samples)
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
@@ -245,7 +245,7 @@ def train_grpo_shared_prefix(
                 rewards.append(torch.tensor([f(**kw) for f in funcs], dtype=torch.float32).sum(0))
             n_tokens = sum(int(m.sum()) for _, _, m in groups)
 
-            # 3. loss = -mean over tokens of A_i * log π(y_it) (+ β·KL), one backward per group (grad accumulation)
+            # 3. loss: the surrogate of -A_i · log π(y_it) (+ β·KL) over all tokens, one backward per group (grad accum.)
             opt.zero_grad(set_to_none=True)
             loss_sum, kl_sum = 0.0, 0.0
             diffs: list[float] = []
@@ -255,7 +255,7 @@ def train_grpo_shared_prefix(
                 adv = torch.tensor(group_normalized(r.tolist(), [0] * len(r), std="sample", eps=1e-4),
                                    dtype=torch.float32, device=device)
                 logp = _group_logps(model, prompt_ids[i], comp, params.temperature)
-                per_token = -adv[:, None] * logp
+                isw = None
                 if engine_logps is not None:      # the engine's numerics of the same policy: how far, and corrected
                     known = ~torch.isnan(engine_logps[g])                   # the sampled rows (not the greedy one)
                     elp = torch.where(known, engine_logps[g], logp.detach())
@@ -266,7 +266,9 @@ def train_grpo_shared_prefix(
                         isw = truncated_is_weights(logp.detach(), elp, mask.float(), params.rollout_is_cap)
                         isw = torch.where(known, isw, mask.float())         # the greedy row: weight 1, whatever the cap
                         isw_means.append(float((isw * sampled).sum() / sampled.sum().clamp(min=1)))
-                        per_token = per_token * isw
+                # pg.py's clipped surrogate, on-policy (old = this policy, detached: r = 1, nothing clipped): the
+                # gradient -A·∇log π (× w_t), the same loss the joint trainer's PPO uses
+                per_token, _ = surrogate(logp, logp.detach(), adv[:, None], mask, is_weights=isw)
                 if params.kl_beta > 0:
                     with torch.no_grad():
                         if ref is None:

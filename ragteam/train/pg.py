@@ -85,6 +85,17 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     """The clipped surrogate (PPO Eq. 7, M-ASK Eq. 4, QAgent Eq. 3) as a loss to minimise; stats: clip fraction,
     approx. KL. `token_weights`: for agg="group_token_mean". `is_weights`: w_t of `truncated_is_weights` (samples
     from a rollout engine other than the trained policy), multiplying each token's term; None: 1."""
+    per_token, stats = surrogate(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                                 ratio_level=ratio_level, is_weights=is_weights)
+    return aggregate(per_token, mask, agg, token_weights), stats
+
+
+def surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+              eps_low: float = 0.2, eps_high: float | None = None, ratio_level: RatioLevel = "token",
+              is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """`policy_loss`'s per-token terms before aggregation: max(-A·r, -A·clip(r, 1-ε_low, 1+ε_high)) (× w_t). With
+    `old_logp = logp.detach()` (one update per batch, on-policy: MAPS's shared-prefix GRPO) r = 1, nothing is
+    clipped, and the gradient is the policy gradient -A·∇log π (GRPO Eq. 3 of DeepSeekMath without the ratio)."""
     eps_high = eps_low if eps_high is None else eps_high
     ratio = torch.exp(log_ratio(logp, old_logp, mask, ratio_level))
     unclipped = -advantages * ratio
@@ -92,13 +103,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     per_token = torch.maximum(unclipped, clipped)
     if is_weights is not None:
         per_token = per_token * is_weights.detach()
-    loss = aggregate(per_token, mask, agg, token_weights)
     with torch.no_grad():
         d = (old_logp - logp) * mask
         stats = {"clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),
                  "approx_kl": float(masked_mean(0.5 * d ** 2, mask)),
                  "ratio_mean": float(masked_mean(ratio, mask))}
-    return loss, stats
+    return per_token, stats
 
 
 def truncated_is_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, cap: float
