@@ -108,3 +108,20 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     probe.write_text("def f():\n    from ragteam.eval.evaluate import run_system\n")
     assert "ragteam.eval.evaluate" in imports(probe)
     assert layer_of("ragteam.agents.probe") < layer_of("ragteam.eval.evaluate")
+
+
+# the engine backends: what a module outside ragteam/llm asks for through `load_engine`, `EnginePool` or
+# `ragteam.llm.policy.policy_engine`, never by building one itself (issue 72 §3: the warm-up probes did)
+ENGINE_BACKENDS = {"ragteam.llm.hf", "ragteam.llm.vllm_backend", "ragteam.llm.ray_engines"}
+
+
+def test_no_module_outside_the_llm_package_builds_an_engine_backend_itself():
+    found = {(module_name(p), imp) for p in library_files() if not module_name(p).startswith("ragteam.llm")
+             for imp in imports(p) if any(imp == b or imp.startswith(b + ".") for b in ENGINE_BACKENDS)}
+    assert not found, f"engine backends imported outside ragteam/llm (use load_engine / policy_engine): {sorted(found)}"
+
+
+def test_the_backend_check_sees_a_direct_build(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(p, c):\n    from ragteam.llm.hf import HFEngine\n    return HFEngine(p, c)\n")
+    assert "ragteam.llm.hf" in imports(probe)

@@ -501,6 +501,10 @@ def test_live_policy_engine_generates_with_the_model_being_trained(tiny_llama):
     assert eng.base().generate(msgs, greedy)[0][0].token_ids == before
     with pytest.raises(ValueError, match="cannot take another one's weights"):
         eng.sync(AutoModelForCausalLM.from_pretrained(tiny_llama))
+    # the live engine syncs no files and needs no workdir; the vLLM one does, and says so before starting anything
+    assert policy_engine("live", model, tok, str(tiny_llama), cfg).generate(msgs, greedy)[0][0].token_ids == after
+    with pytest.raises(ValueError, match="a workdir is needed"):
+        policy_engine("vllm", model, tok, str(tiny_llama), cfg)
 
 
 # ---- seeds and token ids (issue 23 §4) ------------------------------------------------------------------------

@@ -36,8 +36,9 @@ class PolicyEngine(Protocol):
 
 
 def policy_engine(backend: Literal["live", "vllm"], policy, tokenizer, model_path: str, cfg: EngineConfig,
-                  workdir: str | Path) -> PolicyEngine:
-    """The policy engine of `backend` for `policy` (loaded from `model_path`); `workdir` holds what vllm syncs.
+                  workdir: str | Path | None = None) -> PolicyEngine:
+    """The policy engine of `backend` for `policy` (loaded from `model_path`); `workdir` holds what vllm syncs (the
+    live engine syncs nothing and needs none).
 
     The vLLM engine is started with LoRA when `policy` is a peft model (its rank), else for full-weight reloads."""
     base_loader = lambda path: load_engine(path, cfg)  # noqa: E731  (full fine-tuning: an untouched copy)
@@ -45,6 +46,8 @@ def policy_engine(backend: Literal["live", "vllm"], policy, tokenizer, model_pat
         from ragteam.llm.hf import HFPolicy
 
         return HFPolicy(policy, tokenizer, model_path, cfg, base_loader)
+    if workdir is None:
+        raise ValueError(f"policy engine {backend!r} on {model_path}: a workdir is needed for the weights it syncs")
     from ragteam.llm.vllm_backend import VLLMEngine, VLLMPolicy
 
     lora = hasattr(policy, "peft_config")

@@ -177,14 +177,13 @@ class FormatProbe:
     def outputs(self, model) -> list[str]:
         """The policy's greedy output for each probe row, ended as the workflow ends it (the stop string kept where
         the trace keeps it)."""
-        from ragteam.llm.hf import HFEngine
+        from ragteam.llm.policy import policy_engine
 
         was_training = model.training
         model.eval()
         try:
-            # peft injects the adapter into the base model in place: generating with it applies the adapter
-            weights = model.get_base_model() if hasattr(model, "peft_config") else model
-            team = Team(HFEngine(self.model_path, self.cfg, model=weights, tokenizer=self.tokenizer), self.sampling)
+            # the live policy engine generates with `model` itself, its adapter applied
+            team = Team(policy_engine("live", model, self.tokenizer, self.model_path, self.cfg), self.sampling)
             texts: dict[int, str] = {}
             for role in self.roles:
                 idx = [i for i, r in enumerate(self.rows) if r["role"] == role]
@@ -244,19 +243,19 @@ class RolloutProbe:
         self._frozen = None           # the start model's engine, for roles the warm-up does not train
 
     def episodes(self, model) -> list:
-        from ragteam.llm.hf import HFEngine
+        from ragteam.llm import load_engine
+        from ragteam.llm.policy import policy_engine
 
         was_training = model.training
         model.eval()
         try:
-            weights = model.get_base_model() if hasattr(model, "peft_config") else model
-            policy = HFEngine(self.model_path, self.cfg, model=weights, tokenizer=self.tokenizer)
+            policy = policy_engine("live", model, self.tokenizer, self.model_path, self.cfg)
 
             def engine(role: str):
                 if role in self.system.roles:
                     return policy
                 if self._frozen is None:
-                    self._frozen = HFEngine(self.model_path, self.cfg)
+                    self._frozen = load_engine(self.model_path, self.cfg)
                 return self._frozen
 
             return self.system.run(self.questions, Team(engine, self.sampling), self.retriever)
