@@ -65,8 +65,8 @@ from prefect.futures import as_completed  # noqa: E402
 
 from flows.subprocesses import StageFailed, dvc, repro, repro_on_ray, stages_stopped_on_exit  # noqa: E402, F401
 from flows.remote import (CommitUnavailable, FileBody, UncommittedChanges, checkout_commit,  # noqa: E402, F401
-                          dispatch_to_deployment, orchestrator_commit, pull_targets, run_stage_remote,
-                          sendable_files, submit_to_deployment, upstream_uncached_outs, write_files)
+                          dispatch_to_deployment, locked_stage_record, orchestrator_commit, pull_targets,
+                          run_stage_remote, sendable_files, submit_to_deployment, upstream_uncached_outs, write_files)
 from flows.storage import (DEFAULT_RESULT_STORAGE, RESULT_STORAGE_ENV, Storage,  # noqa: E402, F401
                            check_result_storage, is_url, result_storage_for, save_storage_block, storage_block)
 from ragteam import lineage as lin  # noqa: E402
@@ -258,7 +258,7 @@ def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, m
         from prefect.runtime import flow_run
 
         sid = repro_on_ray(r, name, force, ray_address, str(flow_run.id), ray_cpus, log)
-        record = {**lin.stage_record(r, name, stages), "ray_job": sid}
+        record = {**locked_stage_record(r, name, stages), "ray_job": sid}
     elif mode == "deployment":
         record = dispatch_to_deployment(r, stages, name, force, deployment, commit, log)
     elif mode == "remote":
@@ -267,7 +267,7 @@ def run_stage(root: str, stages: dict[str, lin.Stage], name: str, force: bool, m
     else:
         with stage_slot(limit, name, log):
             repro(r, name, force, log)
-        record = lin.stage_record(r, name, stages)
+        record = locked_stage_record(r, name, stages)
     record["seconds"] = round(time.monotonic() - t0, 2)
     create_markdown_artifact(key=artifact_key(name), markdown=render_record(record),
                              description=f"DVC stage {name}: dvc.lock hashes, params, metrics")

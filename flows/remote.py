@@ -138,6 +138,14 @@ def dvc_repo_lock(root: Path) -> Iterator[Any]:
     with Repo(str(root), _wait_for_lock=True) as repo, repo.lock:
         yield repo
 
+
+def locked_stage_record(root: Path, name: str, stages: dict[str, lin.Stage]) -> dict:
+    """`lineage.stage_record` read under DVC's repo lock. Another stage of the run may be in its `dvc repro` writing
+    dvc.lock right now, and DVC rewrites the file in place: read without the lock, it can be empty or cut short and
+    the stage that just ran has "no entry" (a smoke run failed so, oracle_traces@decor beside oracle_traces@qagent)."""
+    with dvc_repo_lock(root):
+        return lin.stage_record(root, name, stages)
+
 def worker_files(root: Path, stages: dict[str, lin.Stage], name: str) -> dict[str, FileBody]:
     """Small git-tracked files a remote worker needs besides its checkout: dvc.lock (so `dvc pull` knows the
     upstream hashes), the stage's params files, and uncached upstream outs it depends on (e.g. metrics)."""
@@ -245,7 +253,7 @@ def run_stage_remote(root: Path, stages: dict[str, lin.Stage], name: str, force:
     repro(root, name, force, log)
     if stages[name].cached_outs:
         dvc(root, "push", name, log=log)
-    record = lin.stage_record(root, name, stages)
+    record = locked_stage_record(root, name, stages)     # the worker may run other stages beside this one
     record["files"] = out_files(root, [o for o in stages[name].outs if o not in stages[name].cached_outs])
     return record
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 DVC_YAML = """\
@@ -70,3 +72,51 @@ def test_push_from_one_clone_and_pull_into_a_fresh_one_recomputes_nothing(tmp_pa
     assert "up to date" in dvc(b, "status").lower()
     dvc(b, "repro", "evaluate")
     assert not (b / "runs.log").exists()                       # nothing ran in the fresh clone
+
+
+def test_a_stage_record_waits_for_dvcs_repo_lock_instead_of_reading_a_lock_file_being_rewritten(tmp_path):
+    """DVC rewrites dvc.lock in place while it holds its repo lock, so beside another stage's `dvc repro` an unlocked
+    read can find the file empty and the stage that just ran with "no entry" (a smoke run failed so). The flow reads a
+    stage's record under the lock (`flows.remote.locked_stage_record`): here another process holds the lock with
+    dvc.lock emptied, and the record waits for it to be whole again."""
+    import threading
+    import time
+
+    from flows.remote import locked_stage_record
+    from ragteam import lineage as lin
+
+    run(["git", "init", "-q", "-b", "main"], tmp_path)
+    dvc(tmp_path, "init", "-q")
+    (tmp_path / "dvc.yaml").write_text(DVC_YAML)
+    dvc(tmp_path, "repro", "make")
+    stages = lin.load_stages(tmp_path)
+    whole = lin.stage_record(tmp_path, "make", stages)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import pathlib, sys, time\n"
+         "from flows.remote import dvc_repo_lock\n"
+         "root = pathlib.Path(sys.argv[1]); lock = root / 'dvc.lock'; text = lock.read_text()\n"
+         "with dvc_repo_lock(root):\n"
+         "    lock.write_text('')                       # as DVC's write has just truncated it\n"
+         "    (root / 'held').touch()\n"
+         "    time.sleep(3)\n"
+         "    lock.write_text(text)\n", str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1"}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "held").exists():
+            assert holder.poll() is None and time.monotonic() < deadline, holder.stdout.read()
+            time.sleep(0.05)
+        with pytest.raises(lin.LineageError, match="no entry for stage 'make'"):
+            lin.stage_record(tmp_path, "make", stages)          # what the flow read before: the emptied file
+        got: dict = {}
+        reader = threading.Thread(target=lambda: got.update(record=locked_stage_record(tmp_path, "make", stages)))
+        reader.start()
+        time.sleep(1)
+        assert reader.is_alive() and not got, "the record was read while another process held the repo lock"
+        reader.join(120)
+        assert got["record"]["outs"] == whole["outs"] and got["record"]["stage"] == "make"
+    finally:
+        holder.wait(60)
+    assert holder.returncode == 0, holder.stdout.read()
