@@ -470,6 +470,7 @@ def oracle_traces(
 # the views (ragteam/views): each command imports what it needs when it runs
 app.command("experiments")(views.experiments_cmd)
 app.command("dag")(views.dag_cmd)
+app.command("times")(views.times_cmd)
 app.command("plots-template")(views.plots_template_cmd)
 
 

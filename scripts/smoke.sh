@@ -53,22 +53,13 @@ main() {
   time ragteam flow run || status=$?
   wall=$(( $(date +%s) - start ))
 
+  # each stage's seconds and where they went (ragteam/views/times.py), when the stages wrote their records
+  ragteam times --root "$run" || true
   python - "$run" "$wall" "$status" <<'EOF'
-import json, sys
+import sys
 from pathlib import Path
 
 run, wall, status = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-rows = []
-for f in sorted((run / "metrics").glob("*.json")):
-    rec = json.loads(f.read_text())
-    split = rec.get("time_split") if isinstance(rec, dict) else None
-    if split:
-        parts = ", ".join(f"{k[:-2]} {v:.0f}" for k, v in split.items() if k != "wall_s" and v >= 0.5)
-        rows.append((split.get("wall_s", 0.0), f.stem, parts))
-if rows:
-    print("smoke: stage seconds (time split)")
-    for wall_s, name, parts in sorted(rows, reverse=True):
-        print(f"  {wall_s:7.1f}  {name:28s} {parts}")
 eval_md = run / "reports/eval.md"
 print(f"smoke: {'done' if status == 0 else 'FAILED'} in {wall // 60} min {wall % 60:02d} s (scratch copy and flow)")
 if status == 0 and eval_md.is_file():

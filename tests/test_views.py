@@ -262,3 +262,57 @@ def test_dvc_plots_show_with_the_template_loads_no_script_from_the_network(tmp_p
         ran = subprocess.run([node, "-e", check, str(tmp_path / "bundle.js")], capture_output=True, text=True,
                              timeout=120)
         assert ran.stdout.strip() == "function", ran.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------------ ragteam times
+def test_the_time_view_of_this_checkout_has_every_stage_its_parts_adding_up_in_120_columns():
+    from ragteam.lineage import load_stages
+    from ragteam.views import times as views_times
+
+    rows = views_times.collect(ROOT / "metrics")
+    records = {r.record for r in rows}
+    stages = {s.replace("@", "_") for s in load_stages(ROOT)}
+    assert stages <= records, f"stages without a timed record: {sorted(stages - records)}"
+    assert [r.wall_s for r in rows] == sorted((r.wall_s for r in rows), reverse=True)
+    for r in rows:     # ragteam.timing: exclusive phases, `other` the rest, so the parts make the wall time
+        assert sum(r.parts.values()) == pytest.approx(r.wall_s, abs=0.05 * r.wall_s + 0.5), r
+    lines = printed(views_times.render, rows)
+    assert_fits(lines)
+    total = views_times.totals(rows)
+    assert re.search(rf"all stages\s.*\s{total['wall_s']:.0f}\s", "\n".join(lines))
+    md = views_times.markdown(rows).splitlines()
+    assert len(md) == len(rows) + 4 and md[-2].startswith("| **all stages** |") and md[-1].startswith("| **share** |")
+    assert {line.count("|") for line in md} == {len(views_times.PHASES) + 3}
+
+
+def test_the_time_view_skips_records_without_a_split_and_names_a_bad_one(tmp_path):
+    from ragteam.views import times as views_times
+
+    metrics = tmp_path / "metrics"
+    (metrics / "summary").mkdir(parents=True)
+    (metrics / "summary/evaluate.json").write_text('{"time_split": "not read: only metrics/*.json are records"}')
+    (metrics / "eval.json").write_text('{"native": {"avg": {"f1": 1.0}}}')            # a metric, no stage record
+    (metrics / "a.json").write_text(json.dumps({"time_split": {"wall_s": 10.0, "generation_s": 7.0, "other_s": 3.0}}))
+    (metrics / "b.json").write_text(json.dumps({"time_split": {"wall_s": 20.0, "training_s": 20.0}}))
+    rows = views_times.collect(metrics)
+    assert [(r.record, r.wall_s, r.parts["generation"], r.parts["training"]) for r in rows] == [
+        ("b", 20.0, 0.0, 20.0), ("a", 10.0, 7.0, 0.0)]
+    assert views_times.as_json(rows)["totals"] == {"engine_start_s": 0.0, "generation_s": 7.0, "training_s": 20.0,
+                                                   "retrieval_s": 0.0, "other_s": 3.0, "wall_s": 30.0}
+    for bad, message in [("{not json", "not a readable JSON record"),
+                         ('{"time_split": [1, 2]}', "time_split must map each phase to seconds"),
+                         ('{"time_split": {"wall_s": true}}', "time_split must map each phase to seconds"),
+                         ('{"time_split": {"generation_s": 1.0}}', "time_split has no wall_s")]:
+        (metrics / "c.json").write_text(bad)
+        with pytest.raises(views_times.TimesError, match=re.escape(str(metrics / "c.json")) + ".*" + message):
+            views_times.collect(metrics)
+    result = CliRunner().invoke(app, ["times", "--root", str(tmp_path)])
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [
+        f"ERROR {metrics / 'c.json'}: time_split has no wall_s (keys: ['generation_s'])"]
+    (metrics / "c.json").unlink()
+    result = CliRunner().invoke(app, ["times", "--root", str(tmp_path), "--json"])
+    assert result.exit_code == 0 and set(json.loads(result.output)["stages"]) == {"a", "b"}
+    for empty, message in [(tmp_path / "none", "no such folder"), (tmp_path / "summary-only", "no stage record")]:
+        (empty / "metrics").mkdir(parents=True, exist_ok=True) if "summary" in empty.name else None
+        with pytest.raises(views_times.TimesError, match=message):
+            views_times.collect(empty / "metrics")

@@ -1,5 +1,5 @@
 """The views a DVC user reaches for, made to fit a screen (issue 76): `ragteam experiments` (the default run, the
-experiment refs, the named studies), `ragteam dag` (the stages by family) and `ragteam plots-template` (the HTML
+experiment refs, the named studies), `ragteam dag` (the stages by family), `ragteam times` (where a run's time went) and `ragteam plots-template` (the HTML
 template that lets `dvc plots show` render offline; `make plots`). cli.py only registers these commands; the
 modules below import their libraries (rich, dvc, vl_convert) when a command runs."""
 from __future__ import annotations
@@ -74,3 +74,25 @@ def plots_template_cmd(
     from ragteam.views.plots import write_template
 
     typer.echo(write_template(out))
+
+
+def times_cmd(
+    root: Path = typer.Option(Path("."), help="the run's folder: the checkout, or a scratch run such as .smoke/run"),
+    as_markdown: bool = typer.Option(False, "--markdown", help="print the table as markdown instead"),
+    as_json: bool = typer.Option(False, "--json", help="print the view as JSON instead"),
+) -> None:
+    """Where the run's time went: each stage's wall time split into engine start-up, generation, training,
+    retrieval and the rest (metrics/<stage>.json), largest first, with each phase's total and share."""
+    from ragteam.views.times import TimesError, as_json as times_json, collect, markdown, render
+
+    try:
+        rows = collect(root / "metrics")
+    except TimesError as e:
+        typer.echo(f"ERROR {e}", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        typer.echo(json.dumps(times_json(rows), indent=1))
+    elif as_markdown:
+        typer.echo(markdown(rows), nl=False)
+    else:
+        render(rows, console())
