@@ -538,7 +538,8 @@ def test_the_rollout_probe_sends_policy_roles_to_the_trainers_model_and_frozen_r
                          {"default": SamplingConfig(max_new_tokens=4)}, CPU, str(tiny_llama),
                          AutoTokenizer.from_pretrained(tiny_llama))
     probe.episodes(model)
-    assert seen[D.PLANNER] is seen[D.FILTER] and seen[D.PLANNER].model is model     # the trainer's weights
+    # the trainer's weights, through the live policy engine (ragteam.llm.policy) over the very model being trained
+    assert seen[D.PLANNER] is seen[D.FILTER] and seen[D.PLANNER].engine.model is model
     assert seen[D.SUMMARIZER] is not seen[D.PLANNER] and seen[D.SUMMARIZER].model is not model
     frozen = seen[D.SUMMARIZER]
     probe.episodes(model)
@@ -577,13 +578,14 @@ def test_the_rollout_probe_keeps_the_prefix_cache_inside_one_probe_and_answers_a
     cached, plain = probe(4096), probe(0)
     assert cached.cfg.prefix_cache_tokens == 4096
     answers = [[c.response for c in ep.calls] for ep in cached.episodes(model)]
-    assert engines[-1].prefix_cache_tokens == 4096 and engines[-1]._prefix_cache    # the cache was used
+    hf = engines[-1].engine                                # the live policy engine's HFEngine
+    assert hf.prefix_cache_tokens == 4096 and hf._prefix_cache                     # the cache was used
     assert answers == [[c.response for c in ep.calls] for ep in plain.episodes(model)]
     first = engines[0]
     with torch.no_grad():                                  # an optimiser step between two probes
         for w in model.parameters():
             w.add_(0.05 * torch.randn_like(w))
     changed = [[c.response for c in ep.calls] for ep in cached.episodes(model)]
-    assert engines[-1] is not first and engines[-1].model is model          # a fresh engine: a fresh cache
+    assert engines[-1] is not first and engines[-1].engine.model is model   # a fresh engine: a fresh cache
     engines.clear()
     assert changed == [[c.response for c in ep.calls] for ep in plain.episodes(model)]
