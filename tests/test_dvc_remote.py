@@ -49,6 +49,7 @@ def test_the_default_remote_resolves_outside_the_checkout():
     assert resolved.parent == ROOT.parent                       # beside it, where ../shared also lives
 
 
+@pytest.mark.slow                 # runs dvc repro in a subprocess
 def test_push_from_one_clone_and_pull_into_a_fresh_one_recomputes_nothing(tmp_path):
     a = tmp_path / "a"
     a.mkdir()
@@ -74,6 +75,7 @@ def test_push_from_one_clone_and_pull_into_a_fresh_one_recomputes_nothing(tmp_pa
     assert not (b / "runs.log").exists()                       # nothing ran in the fresh clone
 
 
+@pytest.mark.slow                 # runs dvc repro in a subprocess
 def test_a_stage_record_waits_for_dvcs_repo_lock_instead_of_reading_a_lock_file_being_rewritten(tmp_path):
     """DVC rewrites dvc.lock in place while it holds its repo lock, so beside another stage's `dvc repro` an unlocked
     read can find the file empty and the stage that just ran with "no entry" (a smoke run failed so). The flow reads a
