@@ -535,13 +535,14 @@ def test_the_rollout_probe_sends_policy_roles_to_the_trainers_model_and_frozen_r
 
     system = dataclasses.replace(oracle_system("decor", PARAMS), run=run)
     probe = RolloutProbe(system, [{"id": "q0", "question": "q", "golden_answers": ["x"]}], object(),
-                         {"default": SamplingConfig(max_new_tokens=4)}, CPU, str(tiny_llama),
-                         AutoTokenizer.from_pretrained(tiny_llama))
-    probe.episodes(model)
+                         {"default": SamplingConfig(max_new_tokens=4)}, CPU.model_copy(update={"backend": "vllm"}),
+                         str(tiny_llama), AutoTokenizer.from_pretrained(tiny_llama))
+    probe.episodes(model)     # llm.backend vllm: the warm-up's probe still generates on HF, in this process
     # the trainer's weights, through the live policy engine (ragteam.llm.policy) over the very model being trained
     assert seen[D.PLANNER] is seen[D.FILTER] and seen[D.PLANNER].engine.model is model
     assert seen[D.SUMMARIZER] is not seen[D.PLANNER] and seen[D.SUMMARIZER].model is not model
     frozen = seen[D.SUMMARIZER]
+    assert type(frozen).__name__ == "HFEngine"
     probe.episodes(model)
     assert seen[D.SUMMARIZER] is frozen                                                # loaded once
 

@@ -1,7 +1,7 @@
 """The views a DVC user reaches for, made to fit a screen (issue 76): `ragteam experiments` (the default run, the
-experiment refs, the named studies), `ragteam dag` (the stages by family), `ragteam times` (where a run's time went) and `ragteam plots-template` (the HTML
-template that lets `dvc plots show` render offline; `make plots`). cli.py only registers these commands; the
-modules below import their libraries (rich, dvc, vl_convert) when a command runs."""
+experiment refs, the named studies), `ragteam dag` (the stages by family), `ragteam times` (where a run's time went)
+and `ragteam plots-template` (the HTML template that lets `dvc plots show` render offline; `make plots`). cli.py only
+registers these commands; the modules below import their libraries (rich, dvc, vl_convert) when a command runs."""
 from __future__ import annotations
 
 import json

@@ -235,8 +235,10 @@ class RolloutProbe:
         self.roles = sorted(system.roles)
         # the engine's prefix cache (llm.prefix_cache_tokens) is on: `episodes` builds a fresh policy engine for each
         # probe, so a cached KV never outlives the weights that made it; the frozen roles' engine keeps the start
-        # model's. Same greedy outputs, probes 1.4-1.7x faster (benchmarks/results/warmup_probe_cache.md)
-        self.cfg = engine_cfg
+        # model's. Same greedy outputs, probes 1.4-1.7x faster (benchmarks/results/warmup_probe_cache.md).
+        # The policy generates live on HF in this process (the trainer's own model), and so do the frozen roles,
+        # whatever llm.backend says: the warm-up stage runs in the main environment, which has no vLLM
+        self.cfg = engine_cfg.model_copy(update={"backend": "hf"})
         greedy = {"temperature": 0.0, "n": 1}
         self.sampling = {k: v.model_copy(update=greedy) for k, v in sampling.items()}
         self.sampling.setdefault("default", SamplingConfig().model_copy(update=greedy))
